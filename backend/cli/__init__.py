@@ -1,0 +1,21 @@
+"""The `kvcentric` command line: one typer app, one sub-app per part."""
+
+import typer
+
+from backend.cli.bench_cmd import bench_app
+from backend.cli.trace_cmd import trace_app
+
+app = typer.Typer(
+    name="kvcentric",
+    help="kvcentric: a KVCache-centric LLM serving control plane (after Mooncake, FAST'25).",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+app.add_typer(trace_app, name="trace")
+app.add_typer(bench_app, name="bench")
+
+
+def main() -> None:
+    """Entry point of the `kvcentric` console script."""
+    app()

@@ -1,0 +1,79 @@
+"""Admission under overload: accept a request or reject it early, with a reason and stage.
+
+- `none`: accept everything the cluster can physically take.
+- `baseline`: accept when the chosen prefill instance meets the TTFT SLO; decode load is
+  checked only when the request reaches decode (late rejection, prefill wasted).
+- `early`: also require the decode batch running now to take the request within the TBT SLO.
+- `early-predicted`: like `early`, against the mean decode load predicted for the moment the
+  request's prefill will finish (see decode_load.predicted_mean_ratio).
+"""
+
+from dataclasses import dataclass
+from typing import Literal
+
+Stage = Literal["admission", "decode"]
+
+
+@dataclass(frozen=True, slots=True)
+class Rejection:
+    """Why a request was refused; `retry_after_s` is a hint for the client's Retry-After."""
+
+    reason: str
+    stage: Stage
+    message: str
+    retry_after_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class LoadSnapshot:
+    """The loads admission looks at, computed by the core for the chosen instances.
+
+    `prefill_load` is the chosen instance's TTFT over the TTFT SLO; the decode loads are TBT
+    ratios. `predicted_decode_load` is None unless the policy is `early-predicted`.
+    """
+
+    estimated_ttft_s: float
+    ttft_slo_s: float
+    current_decode_load: float
+    predicted_decode_load: float | None
+    decode_time_s: float
+
+    @property
+    def prefill_load(self) -> float:
+        return self.estimated_ttft_s / self.ttft_slo_s
+
+
+def admit(policy: str, loads: LoadSnapshot) -> Rejection | None:
+    """Apply the admission `policy` to `loads`: None accepts, a Rejection refuses."""
+    if policy == "none":
+        return None
+    if loads.prefill_load > 1.0:
+        excess_s = loads.estimated_ttft_s - loads.ttft_slo_s
+        return Rejection(
+            reason="ttft_slo",
+            stage="admission",
+            message=(
+                f"prefill pool overloaded: estimated TTFT {loads.estimated_ttft_s:.2f} s "
+                f"exceeds the {loads.ttft_slo_s:.2f} s SLO"
+            ),
+            retry_after_s=max(1.0, excess_s),
+        )
+    if policy == "baseline":
+        return None
+    if policy == "early":
+        decode_load = loads.current_decode_load
+        what = "current"
+    else:
+        assert loads.predicted_decode_load is not None, "early-predicted needs a prediction"
+        decode_load = loads.predicted_decode_load
+        what = "predicted"
+    if decode_load > 1.0:
+        return Rejection(
+            reason="tbt_slo",
+            stage="admission",
+            message=(
+                f"decode pool overloaded: {what} TBT is {decode_load:.0%} of the SLO"
+            ),
+            retry_after_s=max(1.0, loads.decode_time_s * (decode_load - 1.0)),
+        )
+    return None

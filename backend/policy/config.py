@@ -1,0 +1,77 @@
+"""PolicyConfig: the knobs of the policy core and nothing else, validated on construction."""
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+PrefillScheduler = Literal["kvcache-centric", "cache-aware", "load-balancing", "random"]
+RejectionPolicy = Literal["none", "baseline", "early", "early-predicted"]
+EvictionPolicy = Literal["lru", "lfu", "length-aware"]
+
+PREFILL_SCHEDULERS: tuple[str, ...] = ("kvcache-centric", "cache-aware", "load-balancing", "random")
+REJECTION_POLICIES: tuple[str, ...] = ("none", "baseline", "early", "early-predicted")
+EVICTION_POLICIES: tuple[str, ...] = ("lru", "lfu", "length-aware")
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyConfig:
+    """Everything the Conductor's decisions depend on besides the cluster's state.
+
+    SLO defaults follow the paper's recipe (10x single-request TTFT, 5x TBT) for the
+    reference LLaMA2-70B cost model; a deployment sets them from its own measurements.
+    """
+
+    block_size: int = 512
+    prefill_scheduler: PrefillScheduler = "kvcache-centric"
+    # Fetch a remote prefix when it is at least this many times longer than the local one.
+    kvcache_balancing_threshold: float = 2.0
+    rejection_policy: RejectionPolicy = "early-predicted"
+    eviction_policy: EvictionPolicy = "lru"
+    ttft_slo_s: float = 30.0
+    tbt_slo_s: float = 0.1
+    # t_d: the uniform decode time early-predicted assumes for every decoding request.
+    decode_time_s: float = 20.0
+    # When set, t_d becomes the mean decode time of the last `decode_time_window` completions.
+    learn_decode_time: bool = False
+    decode_time_window: int = 256
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.block_size <= 0:
+            raise ValueError(f"block_size must be positive, got {self.block_size}")
+        if self.prefill_scheduler not in PREFILL_SCHEDULERS:
+            raise ValueError(
+                f"unknown prefill_scheduler {self.prefill_scheduler!r}; "
+                f"choose one of {', '.join(PREFILL_SCHEDULERS)}"
+            )
+        if self.rejection_policy not in REJECTION_POLICIES:
+            raise ValueError(
+                f"unknown rejection_policy {self.rejection_policy!r}; "
+                f"choose one of {', '.join(REJECTION_POLICIES)}"
+            )
+        if self.eviction_policy not in EVICTION_POLICIES:
+            raise ValueError(
+                f"unknown eviction_policy {self.eviction_policy!r}; "
+                f"choose one of {', '.join(EVICTION_POLICIES)}"
+            )
+        threshold = self.kvcache_balancing_threshold
+        if math.isnan(threshold) or threshold < 1.0:
+            raise ValueError(f"kvcache_balancing_threshold must be in [1, inf], got {threshold}")
+        for name in ("ttft_slo_s", "tbt_slo_s", "decode_time_s"):
+            value = getattr(self, name)
+            if not (value > 0 and math.isfinite(value)):
+                raise ValueError(f"{name} must be a positive number of seconds, got {value}")
+        if self.decode_time_window <= 0:
+            raise ValueError(f"decode_time_window must be positive, got {self.decode_time_window}")
+
+    @property
+    def effective_threshold(self) -> float:
+        """The threshold Algorithm 1 uses: cache-aware is the algorithm at threshold inf."""
+        if self.prefill_scheduler == "kvcache-centric":
+            return self.kvcache_balancing_threshold
+        return math.inf
+
+    @property
+    def checks_decode_on_arrival(self) -> bool:
+        """Whether a decode instance re-checks the TBT SLO when a request reaches it."""
+        return self.rejection_policy != "none"

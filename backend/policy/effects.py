@@ -1,0 +1,115 @@
+"""Decisions the ConductorCore returns; drivers carry them out (gRPC, SimPy, or a benchmark).
+
+All frozen dataclasses. Rejections and failures are terminal: each accepted request ends in
+exactly one of DecodeFinished (completed), DecodeRejected / Reject (rejected) or FailRequest.
+"""
+
+from dataclasses import dataclass
+from typing import Literal
+
+RejectionStage = Literal["admission", "decode"]
+
+
+@dataclass(frozen=True, slots=True)
+class FetchSpan:
+    """Blocks to fetch from another instance's shard, in prefix order."""
+
+    source_instance_id: str
+    keys: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class CachePlan:
+    """How a prefill reuses the pool: load `local_keys` from its own shard, then `fetch`.
+
+    The prefill computes the remaining `num_compute_tokens` tokens.
+    """
+
+    local_keys: tuple[int, ...]
+    fetch: FetchSpan | None
+    num_reused_tokens: int
+    num_compute_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceEstimate:
+    """What Algorithm 1 predicted for one prefill instance (kept for explanations)."""
+
+    instance_id: str
+    prefix_blocks: int
+    queue_s: float
+    transfer_s: float
+    prefill_s: float
+    ttft_s: float
+    uses_transfer: bool
+
+
+@dataclass(frozen=True, slots=True)
+class DispatchPrefill:
+    """Run this request's prefill on `instance_id` following `plan`.
+
+    `decode_instance_id` is the decode instance chosen now; DispatchDecode confirms it.
+    """
+
+    request_id: str
+    instance_id: str
+    decode_instance_id: str
+    plan: CachePlan
+    estimated_queue_s: float
+    estimated_transfer_s: float
+    estimated_prefill_s: float
+    estimated_ttft_s: float
+    candidates: tuple[InstanceEstimate, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Replicate:
+    """Keep a copy of `keys` from `source_instance_id` in `target_instance_id`'s shard.
+
+    Emitted with a DispatchPrefill whose plan fetches these keys: the fetch brings them in,
+    this tells the target to keep them (hot-spot migration).
+    """
+
+    request_id: str
+    source_instance_id: str
+    target_instance_id: str
+    keys: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class DispatchDecode:
+    """Hand the request's KV to `instance_id` for decoding."""
+
+    request_id: str
+    instance_id: str
+    num_context_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class Reject:
+    """Refuse the request (terminal). Admission rejections answer HTTP 429."""
+
+    request_id: str
+    reason: str
+    stage: RejectionStage
+    message: str
+    retry_after_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class FailRequest:
+    """End an accepted request as failed (terminal), e.g. its instance died mid-flight."""
+
+    request_id: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Evict:
+    """Drop `keys` from `instance_id`'s shard."""
+
+    instance_id: str
+    keys: tuple[int, ...]
+
+
+Effect = DispatchPrefill | Replicate | DispatchDecode | Reject | FailRequest | Evict

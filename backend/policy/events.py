@@ -1,0 +1,143 @@
+"""Events the drivers (live Conductor, twin, benchmarks) feed into the ConductorCore.
+
+Each is a frozen dataclass carrying `now_s`, the driver's clock at the moment it happened;
+the core never reads a clock of its own.
+"""
+
+from dataclasses import dataclass
+from typing import Literal
+
+from backend.policy.index import Tier
+
+Role = Literal["prefill", "decode"]
+
+
+@dataclass(frozen=True, slots=True)
+class RequestArrived:
+    """A client request reached the Conductor.
+
+    `block_keys` are the chained keys of the prompt's full blocks. `num_output_tokens` is
+    the client's max_tokens (what decode will at most generate). SLO fields override the
+    configured SLOs for this request when set.
+    """
+
+    now_s: float
+    request_id: str
+    block_keys: tuple[int, ...]
+    num_input_tokens: int
+    num_output_tokens: int
+    ttft_slo_s: float | None = None
+    tbt_slo_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillStarted:
+    now_s: float
+    request_id: str
+    instance_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillFinished:
+    now_s: float
+    request_id: str
+    instance_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeStarted:
+    now_s: float
+    request_id: str
+    instance_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeStep:
+    """A decoding request has generated `num_generated_tokens` tokens so far."""
+
+    now_s: float
+    request_id: str
+    num_generated_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeFinished:
+    now_s: float
+    request_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeRejected:
+    """The decode instance's local check refused the request on arrival (late rejection)."""
+
+    now_s: float
+    request_id: str
+    instance_id: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class KvStored:
+    now_s: float
+    instance_id: str
+    keys: tuple[int, ...]
+    tier: Tier = Tier.DRAM
+
+
+@dataclass(frozen=True, slots=True)
+class KvEvicted:
+    now_s: float
+    instance_id: str
+    keys: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class KvDemoted:
+    """Blocks moved from an instance's DRAM tier to its SSD tier."""
+
+    now_s: float
+    instance_id: str
+    keys: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class AgentJoined:
+    """An instance is ready to serve. `kv_capacity_tokens` bounds a decode instance's batch."""
+
+    now_s: float
+    instance_id: str
+    role: Role
+    kv_capacity_tokens: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AgentLeft:
+    """An instance is gone (drained, switched role or missed its heartbeats)."""
+
+    now_s: float
+    instance_id: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Tick:
+    """Time passed with nothing else happening."""
+
+    now_s: float
+
+
+Event = (
+    RequestArrived
+    | PrefillStarted
+    | PrefillFinished
+    | DecodeStarted
+    | DecodeStep
+    | DecodeFinished
+    | DecodeRejected
+    | KvStored
+    | KvEvicted
+    | KvDemoted
+    | AgentJoined
+    | AgentLeft
+    | Tick
+)

@@ -1,0 +1,165 @@
+"""Eviction order of a pool shard: LRU, LFU or length-aware; pinned blocks are never chosen.
+
+Each order is told of inserts, accesses and removals with the event time `now_s`, and
+`pop_victim` removes and returns the next block to evict. LFU breaks frequency ties by
+least recent access; length-aware evicts the deepest block first (a deep block is reusable
+only while every block before it is cached), then the least recent.
+"""
+
+import heapq
+import itertools
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Protocol
+
+IsPinned = Callable[[int], bool]
+
+
+class EvictionOrder(Protocol):
+    def on_insert(self, key: int, now_s: float, depth: int) -> None: ...
+    def on_access(self, key: int, now_s: float) -> None: ...
+    def on_remove(self, key: int) -> None: ...
+    def pop_victim(self, is_pinned: IsPinned) -> int | None: ...
+
+
+class LruOrder:
+    """Least recently used first."""
+
+    def __init__(self) -> None:
+        self._order: OrderedDict[int, None] = OrderedDict()
+
+    def on_insert(self, key: int, now_s: float, depth: int) -> None:
+        self._order[key] = None
+        self._order.move_to_end(key)
+
+    def on_access(self, key: int, now_s: float) -> None:
+        if key in self._order:
+            self._order.move_to_end(key)
+
+    def on_remove(self, key: int) -> None:
+        self._order.pop(key, None)
+
+    def pop_victim(self, is_pinned: IsPinned) -> int | None:
+        for key in self._order:
+            if not is_pinned(key):
+                del self._order[key]
+                return key
+        return None
+
+
+class _HeapOrder:
+    """A lazy-deletion heap: stale entries are skipped when they surface."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, float, int, int]] = []
+        self._current: dict[int, int] = {}  # key -> sequence number of its live entry
+        self._sequence = itertools.count()
+
+    def _rank(self, key: int, now_s: float) -> tuple[float, float]:
+        raise NotImplementedError
+
+    def _push(self, key: int, now_s: float) -> None:
+        sequence = next(self._sequence)
+        self._current[key] = sequence
+        primary, secondary = self._rank(key, now_s)
+        heapq.heappush(self._heap, (primary, secondary, sequence, key))
+        if len(self._heap) > 4 * len(self._current) + 64:
+            self._heap = [entry for entry in self._heap if self._current.get(entry[3]) == entry[2]]
+            heapq.heapify(self._heap)
+
+    def on_remove(self, key: int) -> None:
+        self._current.pop(key, None)
+
+    def pop_victim(self, is_pinned: IsPinned) -> int | None:
+        skipped = []
+        victim = None
+        while self._heap:
+            entry = heapq.heappop(self._heap)
+            key = entry[3]
+            if self._current.get(key) != entry[2]:
+                continue  # stale
+            if is_pinned(key):
+                skipped.append(entry)
+                continue
+            del self._current[key]
+            victim = key
+            break
+        for entry in skipped:
+            heapq.heappush(self._heap, entry)
+        return victim
+
+
+class LfuOrder(_HeapOrder):
+    """Least frequently used first; ties go to the least recently used."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._hits: dict[int, int] = {}
+
+    def _rank(self, key: int, now_s: float) -> tuple[float, float]:
+        return float(self._hits[key]), now_s
+
+    def on_insert(self, key: int, now_s: float, depth: int) -> None:
+        self._hits[key] = 1
+        self._push(key, now_s)
+
+    def on_access(self, key: int, now_s: float) -> None:
+        if key in self._current:
+            self._hits[key] += 1
+            self._push(key, now_s)
+
+    def on_remove(self, key: int) -> None:
+        super().on_remove(key)
+        self._hits.pop(key, None)
+
+    def pop_victim(self, is_pinned: IsPinned) -> int | None:
+        victim = super().pop_victim(is_pinned)
+        if victim is not None:
+            del self._hits[victim]
+        return victim
+
+
+class LengthAwareOrder(_HeapOrder):
+    """Deepest block (largest position in its prompt) first; ties to the least recent."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._depth: dict[int, int] = {}
+
+    def _rank(self, key: int, now_s: float) -> tuple[float, float]:
+        return float(-self._depth[key]), now_s
+
+    def on_insert(self, key: int, now_s: float, depth: int) -> None:
+        self._depth[key] = depth
+        self._push(key, now_s)
+
+    def on_access(self, key: int, now_s: float) -> None:
+        if key in self._current:
+            self._push(key, now_s)
+
+    def on_remove(self, key: int) -> None:
+        super().on_remove(key)
+        self._depth.pop(key, None)
+
+    def pop_victim(self, is_pinned: IsPinned) -> int | None:
+        victim = super().pop_victim(is_pinned)
+        if victim is not None:
+            del self._depth[victim]
+        return victim
+
+
+_ORDERS: dict[str, Callable[[], EvictionOrder]] = {
+    "lru": LruOrder,
+    "lfu": LfuOrder,
+    "length-aware": LengthAwareOrder,
+}
+
+
+def make_eviction_order(policy: str) -> EvictionOrder:
+    """A fresh eviction order for `policy` ("lru", "lfu" or "length-aware")."""
+    try:
+        return _ORDERS[policy]()
+    except KeyError:
+        raise ValueError(
+            f"unknown eviction policy {policy!r}; choose one of {', '.join(_ORDERS)}"
+        ) from None
