@@ -342,15 +342,19 @@ class ConductorCore:
         to_reroute: list[_Admitted] = []
         if prefill_state is not None:
             for request_id in prefill_state.queued_s:
-                to_reroute.append(self._forget(request_id))
+                admitted = self._forget(request_id)
+                if admitted is not None:
+                    to_reroute.append(admitted)
             for request_id in prefill_state.running:
-                self._forget(request_id)
-                effects.append(FailRequest(request_id, failure))
+                if self._forget(request_id) is not None:
+                    effects.append(FailRequest(request_id, failure))
         if decode_state is not None:
             for request_id in decode_state.decoding:
-                self._forget(request_id)
-                effects.append(FailRequest(request_id, failure))
+                if self._forget(request_id) is not None:
+                    effects.append(FailRequest(request_id, failure))
             for request_id, incoming in decode_state.incoming.items():
+                if request_id not in self._requests:
+                    continue
                 if self.decode:  # its prefill goes on; its KV will go to another instance
                     admitted = self._requests[request_id]
                     tbt_slo_s = admitted.arrival.tbt_slo_s or self.config.tbt_slo_s
@@ -374,9 +378,11 @@ class ConductorCore:
             effects.extend(self._place(rerouted, apply_admission=False))
         return tuple(effects)
 
-    def _forget(self, request_id: str) -> _Admitted:
+    def _forget(self, request_id: str) -> _Admitted | None:
         """Drop a request from every queue and batch it is in (dead instances are gone)."""
-        admitted = self._requests.pop(request_id)
+        admitted = self._requests.pop(request_id, None)
+        if admitted is None:
+            return None
         if admitted.prefill_instance_id is not None:
             prefill_state = self.prefill.get(admitted.prefill_instance_id)
             if prefill_state is not None:

@@ -1,0 +1,143 @@
+"""Admission policies: the pure decision, and the decode-drain cases through the core."""
+
+import pytest
+
+from backend.policy import (
+    DecodeStarted,
+    DispatchPrefill,
+    PolicyConfig,
+    PrefillFinished,
+    PrefillStarted,
+    Reject,
+    RequestArrived,
+)
+from backend.policy.admission import LoadSnapshot, admit
+from backend.policy.cost_model import DecodeFit
+
+from .helpers import linear_cost, make_core
+
+
+def snapshot(ttft_s=1.0, current=0.5, predicted=0.5) -> LoadSnapshot:
+    return LoadSnapshot(
+        estimated_ttft_s=ttft_s,
+        ttft_slo_s=10.0,
+        current_decode_load=current,
+        predicted_decode_load=predicted,
+        decode_time_s=20.0,
+    )
+
+
+@pytest.mark.parametrize(
+    ("policy", "loads", "expected_reason"),
+    [
+        ("none", snapshot(ttft_s=99.0, current=9.0, predicted=9.0), None),
+        ("baseline", snapshot(), None),
+        ("baseline", snapshot(ttft_s=10.5), "ttft_slo"),
+        ("baseline", snapshot(current=3.0, predicted=3.0), None),  # decode is checked later
+        ("early", snapshot(current=1.2, predicted=0.4), "tbt_slo"),
+        ("early", snapshot(current=0.9, predicted=1.4), None),
+        ("early", snapshot(ttft_s=11.0), "ttft_slo"),
+        ("early-predicted", snapshot(current=1.2, predicted=0.4), None),
+        ("early-predicted", snapshot(current=0.9, predicted=1.4), "tbt_slo"),
+        ("early-predicted", snapshot(ttft_s=10.0, current=1.0, predicted=1.0), None),  # at the SLO
+    ],
+)
+def test_admit(policy, loads, expected_reason) -> None:
+    rejection = admit(policy, loads)
+    if expected_reason is None:
+        assert rejection is None
+    else:
+        assert rejection is not None
+        assert (rejection.reason, rejection.stage) == (expected_reason, "admission")
+        assert rejection.retry_after_s >= 1.0 and rejection.message
+
+
+# Decode step: 0.01 s per request in the batch; TBT SLO 0.1 s, so 10 requests fill a decode
+# instance (ratio 1.0) and the 11th overloads it.
+DECODE = DecodeFit(fixed_s=0.0, per_request_s=0.01, per_context_token_s=0.0)
+
+
+def config(policy: str) -> PolicyConfig:
+    return PolicyConfig(
+        block_size=16, rejection_policy=policy, ttft_slo_s=100.0, tbt_slo_s=0.1, decode_time_s=20.0
+    )
+
+
+def run_to_decode(core, request_id: str, now_s: float) -> None:
+    (dispatch,) = core.handle(RequestArrived(now_s, request_id, (), 100, 10))
+    core.handle(PrefillStarted(now_s, request_id, dispatch.instance_id))
+    (decode,) = core.handle(PrefillFinished(now_s, request_id, dispatch.instance_id))
+    core.handle(DecodeStarted(now_s, request_id, decode.instance_id))
+
+
+def probe(policy: str, setup) -> tuple:
+    core = make_core(config("none"), linear_cost(decode=DECODE))
+    setup(core)
+    core.reconfigure(config(policy))
+    return core.handle(RequestArrived(100.0, "probe", (), 100, 10))
+
+
+def ten_decoding_since_t0(core) -> None:
+    for n in range(10):
+        run_to_decode(core, f"old{n}", 0.0)
+
+
+def twenty_in_prefill(core) -> None:
+    for n in range(20):
+        core.handle(RequestArrived(99.0, f"queued{n}", (), 100, 10))
+
+
+def test_early_rejects_but_predicted_accepts_when_decode_will_have_drained() -> None:
+    # Ten requests decoding since t=0 fill D1 now, but with t_d = 20 s they will be done
+    # long before the probe's prefill ends at t > 100 s.
+    (early,) = probe("early", ten_decoding_since_t0)
+    assert isinstance(early, Reject) and (early.reason, early.stage) == ("tbt_slo", "admission")
+    (predicted,) = probe("early-predicted", ten_decoding_since_t0)
+    assert isinstance(predicted, DispatchPrefill)
+
+
+def test_early_accepts_but_predicted_rejects_when_prefill_will_flood_decode() -> None:
+    # Decode is idle now, but twenty requests ahead in prefill will reach it first.
+    (early,) = probe("early", twenty_in_prefill)
+    assert isinstance(early, DispatchPrefill)
+    (predicted,) = probe("early-predicted", twenty_in_prefill)
+    assert isinstance(predicted, Reject) and predicted.reason == "tbt_slo"
+
+
+def test_baseline_ignores_decode_load_and_none_ignores_everything() -> None:
+    (baseline,) = probe("baseline", ten_decoding_since_t0)
+    assert isinstance(baseline, DispatchPrefill)
+    core = make_core(config("none"), linear_cost(decode=DECODE))
+    core.reconfigure(PolicyConfig(block_size=16, rejection_policy="none", ttft_slo_s=0.001))
+    (accepted,) = core.handle(RequestArrived(0.0, "huge", (), 1_000_000, 10))
+    assert isinstance(accepted, DispatchPrefill)
+
+
+def test_per_request_ttft_slo_overrides_the_configured_one() -> None:
+    core = make_core(config("baseline"), linear_cost(decode=DECODE))
+    # 10,000 tokens at 2,000 tokens/s: 5 s of prefill.
+    (tight,) = core.handle(RequestArrived(0.0, "tight", (), 10_000, 1, ttft_slo_s=4.0))
+    assert isinstance(tight, Reject) and tight.reason == "ttft_slo"
+    (loose,) = core.handle(RequestArrived(0.0, "loose", (), 10_000, 1, ttft_slo_s=6.0))
+    assert isinstance(loose, DispatchPrefill)
+
+
+def test_learned_decode_time_follows_completions() -> None:
+    from backend.policy import DecodeFinished
+
+    core = make_core(config("none"), linear_cost(decode=DECODE))
+    core.reconfigure(
+        PolicyConfig(block_size=16, rejection_policy="early-predicted", learn_decode_time=True)
+    )
+    assert core.decode_time_s == 20.0  # nothing learned yet: the configured t_d
+    for n, duration_s in enumerate((4.0, 6.0)):
+        run_to_decode(core, f"r{n}", 0.0)
+        core.handle(DecodeFinished(duration_s, f"r{n}"))
+    assert core.decode_time_s == pytest.approx(5.0)
+
+
+def test_no_instance_rejects_with_a_clear_reason() -> None:
+    core = make_core(config("none"), linear_cost(), prefill=(), decode=("D1",))
+    (rejected,) = core.handle(RequestArrived(0.0, "r", (), 10, 1))
+    assert isinstance(rejected, Reject)
+    assert rejected.reason == "no_prefill_instance" and "prefill" in rejected.message

@@ -1,0 +1,94 @@
+"""Eviction orders through BlockCache: LRU, LFU, length-aware, and pins."""
+
+import pytest
+
+from backend.policy.block_cache import BlockCache
+from backend.policy.eviction import make_eviction_order
+
+
+def fill(cache: BlockCache, keys_depths_times) -> list[int]:
+    evicted = []
+    for key, depth, now_s in keys_depths_times:
+        stored, dropped = cache.insert(key, now_s, depth)
+        assert stored
+        evicted.extend(dropped)
+    return evicted
+
+
+@pytest.mark.parametrize(
+    ("policy", "expected_victim"),
+    [
+        # a(depth 0, t0, 3 hits)  b(depth 2, t1, 1 hit)  c(depth 1, t2, 2 hits); a touched at t3
+        ("lru", "b"),  # least recently used: b (t1)
+        ("lfu", "b"),  # fewest hits: b (inserted once, never accessed)
+        ("length-aware", "b"),  # deepest: b (depth 2)
+    ],
+)
+def test_first_victim(policy, expected_victim) -> None:
+    ids = {"a": 1, "b": 2, "c": 3, "d": 4}
+    cache = BlockCache(3, policy)
+    fill(cache, [(ids["a"], 0, 0.0), (ids["b"], 2, 1.0), (ids["c"], 1, 2.0)])
+    cache.touch(ids["a"], 3.0)
+    cache.touch(ids["a"], 3.5)
+    cache.touch(ids["c"], 4.0)
+    evicted = fill(cache, [(ids["d"], 0, 5.0)])
+    assert evicted == [ids[expected_victim]]
+
+
+def test_policies_disagree_where_they_should() -> None:
+    # y (10): depth 0, inserted t0, used again at t5 -> 2 uses, most recent
+    # z (11): depth 1, inserted t1, never used again -> 1 use, least recent
+    # x (12): depth 5, inserted t2, used at t3 and t4 -> 3 uses
+    orders = {}
+    for policy in ("lru", "lfu", "length-aware"):
+        cache = BlockCache(3, policy)
+        fill(cache, [(10, 0, 0.0), (11, 1, 1.0), (12, 5, 2.0)])
+        cache.touch(12, 3.0)
+        cache.touch(12, 4.0)
+        cache.touch(10, 5.0)
+        orders[policy] = cache.evict(3)
+    assert orders["lru"] == [11, 12, 10]  # by last use: t1, t4, t5
+    assert orders["lfu"] == [11, 10, 12]  # by uses: 1, 2, 3
+    assert orders["length-aware"] == [12, 11, 10]  # by depth: 5, 1, 0
+
+
+def test_pinned_blocks_are_never_evicted() -> None:
+    for policy in ("lru", "lfu", "length-aware"):
+        cache = BlockCache(2, policy)
+        fill(cache, [(1, 0, 0.0), (2, 1, 1.0)])
+        cache.pin([1, 2])
+        stored, evicted = cache.insert(3, 2.0, 0)
+        assert (stored, evicted) == (False, [])
+        assert 1 in cache and 2 in cache and 3 not in cache
+        assert not cache.remove(1)  # pinned blocks cannot be dropped either
+        cache.unpin([2])
+        stored, evicted = cache.insert(3, 3.0, 0)
+        assert (stored, evicted) == (True, [2])
+        cache.pin([1])  # reference counted: two pins need two unpins
+        cache.unpin([1])
+        assert cache.is_pinned(1)
+        cache.unpin([1])
+        assert not cache.is_pinned(1)
+        assert cache.evict(5) == [1, 3] if policy == "lru" else len(cache.evict(5)) == 2
+        assert len(cache) == 0
+
+
+def test_unlimited_cache_never_evicts_and_zero_capacity_stores_nothing() -> None:
+    unlimited = BlockCache(None)
+    assert fill(unlimited, [(k, k, float(k)) for k in range(1000)]) == []
+    assert len(unlimited) == 1000
+    empty = BlockCache(0)
+    assert empty.insert(1, 0.0, 0) == (False, [])
+
+
+def test_match_prefix_stops_at_the_first_miss_and_counts_as_access() -> None:
+    cache = BlockCache(3, "lru")
+    fill(cache, [(1, 0, 0.0), (2, 1, 1.0), (4, 3, 2.0)])
+    assert cache.match_prefix([1, 2, 3, 4], now_s=5.0) == 2
+    _, evicted = cache.insert(5, 6.0, 0)
+    assert evicted == [4]  # 1 and 2 were just used
+
+
+def test_unknown_policy_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="unknown eviction policy 'fifo'"):
+        make_eviction_order("fifo")
