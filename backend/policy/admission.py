@@ -71,9 +71,7 @@ def admit(policy: str, loads: LoadSnapshot) -> Rejection | None:
         return Rejection(
             reason="tbt_slo",
             stage="admission",
-            message=(
-                f"decode pool overloaded: {what} TBT is {decode_load:.0%} of the SLO"
-            ),
+            message=(f"decode pool overloaded: {what} TBT is {decode_load:.0%} of the SLO"),
             retry_after_s=max(1.0, loads.decode_time_s * (decode_load - 1.0)),
         )
     return None

@@ -25,7 +25,7 @@ class PrefillState:
     link_busy_until_s: float = 0.0
 
     def queue_s(self, now_s: float) -> float:
-        """T_queue: predicted prefill seconds of queued requests plus what running ones have left."""
+        """T_queue: predicted seconds of queued prefills plus what running ones have left."""
         remaining = 0.0
         for run in self.running.values():
             left = run.started_s + run.predicted_s - now_s

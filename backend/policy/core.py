@@ -197,7 +197,9 @@ class ConductorCore:
         # The transfer occupies the holder's outgoing link; later fetches queue behind it.
         # (transfer_s already includes the backlog it waits behind.)
         self.prefill[fetch.source_instance_id].link_busy_until_s = now_s + chosen.transfer_s
-        replicate = Replicate(event.request_id, fetch.source_instance_id, chosen.instance_id, fetch.keys)
+        replicate = Replicate(
+            event.request_id, fetch.source_instance_id, chosen.instance_id, fetch.keys
+        )
         return (dispatch, replicate)
 
     def _choose_decode(self, context_tokens: int, tbt_slo_s: float) -> DecodeState:
@@ -324,7 +326,9 @@ class ConductorCore:
         effects: tuple[Effect, ...] = NO_EFFECTS
         other_role = self.decode if event.role == "prefill" else self.prefill
         if event.instance_id in other_role:  # a role switch: leave the old role first
-            effects = self.on_agent_left(ev.AgentLeft(event.now_s, event.instance_id, "role switch"))
+            effects = self.on_agent_left(
+                ev.AgentLeft(event.now_s, event.instance_id, "role switch")
+            )
         if event.role == "prefill":
             self.prefill.setdefault(event.instance_id, PrefillState(event.instance_id))
         else:

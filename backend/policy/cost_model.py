@@ -3,7 +3,8 @@
 Forms (chosen for their physical shape, coefficients fitted by least squares from profile
 points of the real worker):
 
-    prefill_s(input, cached)   = fixed_s + per_token_s * n + per_token_pair_s * n * (input + cached) / 2
+    prefill_s(input, cached)   = fixed_s + per_token_s * n
+                                 + per_token_pair_s * n * (input + cached) / 2
                                  with n = input - cached new tokens; the last term counts the
                                  query-key pairs of causal attention over the new tokens.
     decode_step_s(batch, ctx)  = fixed_s + per_request_s * batch + per_context_token_s * ctx

@@ -10,9 +10,7 @@ from backend.policy.cluster import DecodeState
 from backend.policy.cost_model import CostModel
 
 
-def tbt_ratio(
-    cost: CostModel, batch_size: int, context_tokens: int, tbt_slo_s: float
-) -> float:
+def tbt_ratio(cost: CostModel, batch_size: int, context_tokens: int, tbt_slo_s: float) -> float:
     """Predicted time between tokens of a batch, as a fraction of the TBT SLO."""
     return cost.decode_step_time_s(batch_size, context_tokens) / tbt_slo_s
 

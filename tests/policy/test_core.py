@@ -137,7 +137,7 @@ def test_role_switch_moves_an_instance_between_pools() -> None:
 
 def test_late_rejection_ends_the_request() -> None:
     core = make_core(PolicyConfig(block_size=16, rejection_policy="baseline"), linear_cost())
-    (dispatch,) = core.handle(RequestArrived(0.0, "r", (), 10, 1))
+    core.handle(RequestArrived(0.0, "r", (), 10, 1))
     core.handle(PrefillStarted(0.0, "r", "P1"))
     core.handle(PrefillFinished(0.1, "r", "P1"))
     core.handle(DecodeRejected(0.1, "r", "D1", "tbt_slo"))

@@ -89,7 +89,7 @@ def test_bad_profiles_are_clear_errors(profile, message) -> None:
 
 
 def test_negative_coefficients_are_refused() -> None:
-    with pytest.raises(ValueError, match="prefill.per_token_s"):
+    with pytest.raises(ValueError, match=r"prefill\.per_token_s"):
         CostModel(
             prefill=PrefillFit(0.0, -1.0),
             decode=DecodeFit(0.0, 0.0, 0.0),

@@ -1,7 +1,5 @@
 """DESIGN.md's worked example of Algorithm 1, checked number by number through the core."""
 
-import math
-
 import pytest
 
 from backend.policy import (
@@ -21,29 +19,30 @@ KEYS = tuple(range(1, REQUEST_TOKENS // BLOCK_SIZE + 1))  # 2,048 full blocks
 CACHED_TOKENS = {"P1": 19_200, "P2": 9_600, "P3": 0, "P4": 12_800}
 QUEUE_S = {"P1": 2.0, "P2": 0.5, "P3": 0.5, "P4": 0.5}
 
-# threshold -> ({instance: (estimated TTFT s, uses transfer)}, chosen, blocks fetched)
-EXPECTED = {
-    1.0: (
-        {"P1": (8.78400, False), "P2": (7.31546, True), "P3": (7.34691, True), "P4": (7.30497, True)},
-        "P4",
-        400,
-    ),
-    1.5: (
-        {"P1": (8.78400, False), "P2": (7.31546, True), "P3": (7.34691, True), "P4": (7.30497, True)},
-        "P4",
-        400,
-    ),
-    2.5: (
-        {"P1": (8.78400, False), "P2": (12.08400, False), "P3": (7.34691, True), "P4": (10.48400, False)},
-        "P3",
-        1_200,
-    ),
-    math.inf: (
-        {"P1": (8.78400, False), "P2": (12.08400, False), "P3": (16.88400, False), "P4": (10.48400, False)},
-        "P1",
-        0,
-    ),
-}
+# DESIGN.md's table: estimated TTFT of P1..P4 in seconds (F = transfer branch, from P1),
+# the chosen instance and the blocks it fetches.
+TABLE = """
+threshold  P1       P2        P3        P4        chosen  fetched
+1.0        8.78400  7.31546F  7.34691F  7.30497F  P4      400
+1.5        8.78400  7.31546F  7.34691F  7.30497F  P4      400
+2.5        8.78400  12.08400  7.34691F  10.48400  P3      1200
+inf        8.78400  12.08400  16.88400  10.48400  P1      0
+"""
+
+
+def parse_table() -> dict[float, tuple[dict[str, tuple[float, bool]], str, int]]:
+    rows = {}
+    for line in TABLE.strip().splitlines()[1:]:
+        threshold, *ttfts, chosen, fetched = line.split()
+        estimates = {
+            f"P{n}": (float(cell.rstrip("F")), cell.endswith("F"))
+            for n, cell in enumerate(ttfts, start=1)
+        }
+        rows[float(threshold)] = (estimates, chosen, int(fetched))
+    return rows
+
+
+EXPECTED = parse_table()
 
 
 def build_example_core(threshold: float):
@@ -91,7 +90,10 @@ def test_worked_example(threshold: float) -> None:
         assert plan.num_reused_tokens == 19_200
         replicate = effects[1]
         assert isinstance(replicate, Replicate)
-        assert (replicate.source_instance_id, replicate.target_instance_id) == ("P1", expected_choice)
+        assert (replicate.source_instance_id, replicate.target_instance_id) == (
+            "P1",
+            expected_choice,
+        )
         assert replicate.keys == plan.fetch.keys
     else:
         assert plan.fetch is None and len(effects) == 1
