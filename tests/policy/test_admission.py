@@ -141,3 +141,14 @@ def test_no_instance_rejects_with_a_clear_reason() -> None:
     (rejected,) = core.handle(RequestArrived(0.0, "r", (), 10, 1))
     assert isinstance(rejected, Reject)
     assert rejected.reason == "no_prefill_instance" and "prefill" in rejected.message
+
+
+def test_predicted_keeps_requests_that_will_still_be_decoding() -> None:
+    # Ten requests started at t=95: with t_d = 20 s they still decode when the probe's
+    # prefill ends just after t=100, so the prediction sees a full instance too.
+    def ten_recent(core) -> None:
+        for n in range(10):
+            run_to_decode(core, f"recent{n}", 95.0)
+
+    (predicted,) = probe("early-predicted", ten_recent)
+    assert isinstance(predicted, Reject) and predicted.reason == "tbt_slo"
