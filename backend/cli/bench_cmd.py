@@ -1,5 +1,135 @@
 """`kvcentric bench ...`: benchmarks of the policy core and block hashing."""
 
-import typer
+import itertools
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
 
-bench_app = typer.Typer(help="Benchmarks whose figures go in docs/benchmarks.md.", no_args_is_help=True)
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from backend.bench.hashing import measure_hashing
+from backend.bench.policy_replay import DEFAULT_CACHE_CAPACITY_BLOCKS, ReplayResult, replay_trace
+from backend.policy.config import PrefillScheduler, RejectionPolicy
+from backend.traces import SHIPPED_TRACE
+from backend.traces.loader import TraceError, iter_trace
+
+bench_app = typer.Typer(
+    help="Benchmarks whose figures go in docs/benchmarks.md.", no_args_is_help=True
+)
+
+_stderr = Console(stderr=True)
+
+
+def _print_table(title: str, rows: dict[str, Any]) -> None:
+    table = Table(title=title, show_header=False)
+    table.add_column(style="bold")
+    table.add_column(justify="right")
+    for name, value in rows.items():
+        shown = f"{value:,.3f}" if isinstance(value, float) else str(value)
+        table.add_row(name, shown)
+    Console().print(table)
+
+
+@bench_app.command("hashing")
+def hashing(
+    block_size: int = typer.Option(512, "--block-size", min=1, help="Tokens per block."),
+    num_tokens: int = typer.Option(
+        32 * 1024 * 1024, "--tokens", min=1, help="Tokens hashed per repeat, over all prompts."
+    ),
+    num_repeats: int = typer.Option(5, "--repeat", min=1, help="Repeats; speeds are medians."),
+    num_prompts: int = typer.Option(8, "--prompts", min=1, help="Prompts the tokens are cut into."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
+) -> None:
+    """Chained block hashing (block_keys) in tokens/s, against one plain xxh3_64 pass."""
+    try:
+        result = measure_hashing(
+            num_tokens=num_tokens,
+            block_size=block_size,
+            num_repeats=num_repeats,
+            num_prompts=num_prompts,
+        )
+    except ValueError as error:
+        raise typer.BadParameter(str(error)) from None
+    if as_json:
+        typer.echo(json.dumps(asdict(result)))
+    else:
+        _print_table("block hashing (tokens/s are medians)", asdict(result))
+
+
+@bench_app.command("policy")
+def policy(
+    trace: Path = typer.Option(
+        SHIPPED_TRACE, "--trace", dir_okay=False, help="Mooncake-format JSONL trace."
+    ),
+    num_prefill: int = typer.Option(16, "--prefill", min=1, help="Prefill instances."),
+    num_decode: int = typer.Option(16, "--decode", min=1, help="Decode instances."),
+    scheduler: PrefillScheduler = typer.Option("kvcache-centric", "--scheduler"),
+    rejection: RejectionPolicy = typer.Option("early-predicted", "--rejection"),
+    baseline_scheduler: PrefillScheduler = typer.Option(
+        "load-balancing", "--baseline-scheduler", help="Scheduler of the same-run baseline replay."
+    ),
+    limit: int | None = typer.Option(
+        None, "--limit", min=1, help="Replay only the trace's first N requests."
+    ),
+    cache_blocks: int = typer.Option(
+        DEFAULT_CACHE_CAPACITY_BLOCKS, "--cache-blocks", min=1, help="LRU blocks per prefill shard."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
+) -> None:
+    """Replay a trace through ConductorCore with no I/O: decisions/s and decision latency."""
+    try:
+        rows = list(itertools.islice(iter_trace(trace), limit))
+    except (TraceError, OSError) as error:
+        _stderr.print(f"[red]error:[/red] {error}", highlight=False, soft_wrap=True)
+        raise typer.Exit(1) from None
+    runs: dict[str, PrefillScheduler] = {"measured": scheduler, "baseline": baseline_scheduler}
+    results: dict[str, ReplayResult] = {}
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
+    with Progress(*columns, TimeElapsedColumn(), console=_stderr, auto_refresh=False) as progress:
+        for role, run_scheduler in runs.items():
+            task = progress.add_task(f"{role} ({run_scheduler})", total=len(rows))
+
+            def advance(num_requests: int, task: Any = task) -> None:
+                progress.update(task, advance=num_requests, refresh=True)
+
+            results[role] = replay_trace(
+                rows,
+                num_prefill_instances=num_prefill,
+                num_decode_instances=num_decode,
+                scheduler=run_scheduler,
+                rejection_policy=rejection,
+                cache_capacity_blocks=cache_blocks,
+                on_progress=advance,
+            )
+    measured, baseline = results["measured"], results["baseline"]
+    report = {
+        **asdict(measured),
+        "driver_s": measured.driver_s,
+        "is_drained": measured.is_drained,
+        "trace": str(trace),
+        "baseline": {
+            "scheduler": baseline.scheduler,
+            "decisions_per_s": baseline.decisions_per_s,
+            "p50_us": baseline.p50_us,
+            "p99_us": baseline.p99_us,
+            "num_accepted": baseline.num_accepted,
+            "is_drained": baseline.is_drained,
+        },
+        "ratio_to_baseline": (
+            measured.decisions_per_s / baseline.decisions_per_s if baseline.decisions_per_s else 0.0
+        ),
+    }
+    if as_json:
+        typer.echo(json.dumps(report))
+        return
+    shown = {k: v for k, v in report.items() if not isinstance(v, dict)}
+    shown["rejected_by_reason"] = json.dumps(measured.rejected_by_reason)
+    for name, seconds in measured.core_s_by_event.items():
+        shown[f"core_s {name}"] = seconds
+    shown["baseline decisions_per_s"] = baseline.decisions_per_s
+    shown["baseline p99_us"] = baseline.p99_us
+    _print_table(f"policy replay of {trace.name}", shown)

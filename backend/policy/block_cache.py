@@ -6,8 +6,19 @@ evicted; an insert that finds only pinned blocks to evict is refused.
 """
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
-from backend.policy.eviction import make_eviction_order
+from backend.policy.eviction import IsPinned, make_eviction_order
+
+
+@dataclass(frozen=True, slots=True)
+class Inserted:
+    """What `insert_blocks` did: blocks newly stored, blocks left out for lack of room, and
+    the keys evicted to make room."""
+
+    num_stored: int
+    num_refused: int
+    evicted: list[int]
 
 
 class BlockCache:
@@ -53,17 +64,46 @@ class BlockCache:
         if key in self._keys:
             self._order.on_access(key, now_s)
             return True, []
-        evicted: list[int] = []
-        if self.capacity_blocks is not None:
-            while len(self._keys) >= self.capacity_blocks:
-                victim = self._order.pop_victim(self.is_pinned)
-                if victim is None:
-                    return False, evicted
-                self._keys.discard(victim)
-                evicted.append(victim)
+        evicted = self._make_room(1, self.is_pinned)
+        if not self.has_room(1):
+            return False, evicted
         self._keys.add(key)
         self._order.on_insert(key, now_s, depth)
         return True, evicted
+
+    def insert_blocks(self, keys: Sequence[int], now_s: float, first_depth: int = 0) -> Inserted:
+        """Add a prompt's consecutive blocks (depths from `first_depth`), never evicting any of
+        them to make room for another. Keys already held are left as they are.
+
+        When the unpinned rest of the cache
+        cannot make room, the deepest new blocks are the ones left out: a block is only
+        reusable behind its whole prefix.
+        """
+        batch = set(keys)
+        new = [(depth, key) for depth, key in enumerate(keys, first_depth) if key not in self._keys]
+        pins = self._pins
+        evicted = self._make_room(len(new), lambda key: key in pins or key in batch)
+        num_absent = len(new)
+        if self.capacity_blocks is not None:
+            new = new[: max(0, self.capacity_blocks - len(self._keys))]
+        for depth, key in new:
+            self._keys.add(key)
+            self._order.on_insert(key, now_s, depth)
+        return Inserted(num_stored=len(new), num_refused=num_absent - len(new), evicted=evicted)
+
+    def has_room(self, num_blocks: int) -> bool:
+        return self.capacity_blocks is None or len(self._keys) + num_blocks <= self.capacity_blocks
+
+    def _make_room(self, num_blocks: int, is_protected: IsPinned) -> list[int]:
+        """Evict (in policy order, skipping protected keys) until `num_blocks` more fit."""
+        if self.capacity_blocks is None:
+            return []
+        excess = len(self._keys) + num_blocks - self.capacity_blocks
+        if excess <= 0:
+            return []
+        evicted = self._order.pop_victims(excess, is_protected)
+        self._keys.difference_update(evicted)
+        return evicted
 
     def remove(self, key: int) -> bool:
         """Drop `key` unless it is pinned; returns whether it was dropped."""
@@ -75,13 +115,8 @@ class BlockCache:
 
     def evict(self, num_blocks: int) -> list[int]:
         """Evict up to `num_blocks` unpinned blocks in policy order."""
-        evicted = []
-        for _ in range(num_blocks):
-            victim = self._order.pop_victim(self.is_pinned)
-            if victim is None:
-                break
-            self._keys.discard(victim)
-            evicted.append(victim)
+        evicted = self._order.pop_victims(num_blocks, self.is_pinned)
+        self._keys.difference_update(evicted)
         return evicted
 
     def pin(self, keys: Iterable[int]) -> None:

@@ -17,7 +17,7 @@ from backend.policy.admission import LoadSnapshot, Rejection, admit
 from backend.policy.cluster import DecodeState, PrefillState
 from backend.policy.config import PolicyConfig
 from backend.policy.cost_model import CostModel
-from backend.policy.decode_load import current_ratio, predicted_mean_ratio, selection_ratio
+from backend.policy.decode_load import choose_decode, current_ratio, predicted_mean_ratio
 from backend.policy.effects import (
     DispatchDecode,
     DispatchPrefill,
@@ -156,7 +156,7 @@ class ConductorCore:
         )
         chosen = choice.chosen
         tbt_slo_s = event.tbt_slo_s or config.tbt_slo_s
-        decode_state = self._choose_decode(event.num_input_tokens, tbt_slo_s)
+        decode_state = choose_decode(self.cost, self.decode.values(), event.num_input_tokens)
         if apply_admission:
             rejection = self._admit(event, chosen.ttft_s, decode_state, tbt_slo_s)
             if rejection is not None:
@@ -201,14 +201,6 @@ class ConductorCore:
             event.request_id, fetch.source_instance_id, chosen.instance_id, fetch.keys
         )
         return (dispatch, replicate)
-
-    def _choose_decode(self, context_tokens: int, tbt_slo_s: float) -> DecodeState:
-        """d*: the decode instance with the lowest predicted TBT ratio (first on ties)."""
-        cost = self.cost
-        return min(
-            self.decode.values(),
-            key=lambda state: selection_ratio(cost, state, context_tokens, tbt_slo_s),
-        )
 
     def _admit(
         self,
@@ -361,8 +353,7 @@ class ConductorCore:
                     continue
                 if self.decode:  # its prefill goes on; its KV will go to another instance
                     admitted = self._requests[request_id]
-                    tbt_slo_s = admitted.arrival.tbt_slo_s or self.config.tbt_slo_s
-                    target = self._choose_decode(incoming.context_tokens, tbt_slo_s)
+                    target = choose_decode(self.cost, self.decode.values(), incoming.context_tokens)
                     target.add_incoming(request_id, incoming.context_tokens, incoming.ready_s)
                     admitted.decode_instance_id = target.instance_id
                 else:

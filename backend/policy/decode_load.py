@@ -12,16 +12,29 @@ from backend.policy.cost_model import CostModel
 
 def tbt_ratio(cost: CostModel, batch_size: int, context_tokens: int, tbt_slo_s: float) -> float:
     """Predicted time between tokens of a batch, as a fraction of the TBT SLO."""
-    return cost.decode_step_time_s(batch_size, context_tokens) / tbt_slo_s
+    return cost.decode.step_s(batch_size, context_tokens) / tbt_slo_s
 
 
-def selection_ratio(
-    cost: CostModel, state: DecodeState, context_tokens: int, tbt_slo_s: float
-) -> float:
-    """TBT ratio if the request joined `state`, counting the requests already headed there."""
-    batch = len(state.decoding) + len(state.incoming) + 1
-    context = state.decoding_context_tokens + state.incoming_context_tokens + context_tokens
-    return tbt_ratio(cost, batch, context, tbt_slo_s)
+def choose_decode(
+    cost: CostModel, states: Iterable[DecodeState], context_tokens: int
+) -> DecodeState:
+    """d*: the instance with the lowest TBT if the request joined it, counting the requests
+    already headed there (first on ties). `states` must not be empty.
+
+    Ranking by step time ranks by TBT ratio too: every instance shares the request's SLO.
+    """
+    step_s = cost.decode.step_s
+    best: DecodeState | None = None
+    best_s = 0.0
+    for state in states:
+        batch = len(state.decoding) + len(state.incoming) + 1
+        context = state.decoding_context_tokens + state.incoming_context_tokens + context_tokens
+        seconds = step_s(batch, context)
+        if best is None or seconds < best_s:
+            best, best_s = state, seconds
+    if best is None:
+        raise ValueError("no decode instance to choose from")
+    return best
 
 
 def current_ratio(
@@ -50,7 +63,8 @@ def predicted_mean_ratio(
     this request to `chosen_instance_id`.
     """
     finished_before_s = at_s - decode_time_s
-    total = 0.0
+    step_s = cost.decode.step_s
+    total_s = 0.0
     count = 0
     for state in states:
         batch = len(state.decoding)
@@ -68,9 +82,9 @@ def predicted_mean_ratio(
         if state.instance_id == chosen_instance_id:
             batch += 1
             context += context_tokens
-        total += tbt_ratio(cost, batch, context, tbt_slo_s)
+        total_s += step_s(batch, context)
         count += 1
-    return total / count if count else 0.0
+    return total_s / count / tbt_slo_s if count else 0.0
 
 
 def check_decode_arrival(

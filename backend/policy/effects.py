@@ -5,7 +5,7 @@ exactly one of DecodeFinished (completed), DecodeRejected / Reject (rejected) or
 """
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 RejectionStage = Literal["admission", "decode"]
 
@@ -31,9 +31,12 @@ class CachePlan:
     num_compute_tokens: int
 
 
-@dataclass(frozen=True, slots=True)
-class InstanceEstimate:
-    """What Algorithm 1 predicted for one prefill instance (kept for explanations)."""
+class InstanceEstimate(NamedTuple):
+    """What Algorithm 1 predicted for one prefill instance (kept for explanations).
+
+    A NamedTuple rather than a frozen dataclass: one is built per instance per decision,
+    and a tuple is built many times faster; it is just as immutable.
+    """
 
     instance_id: str
     prefix_blocks: int

@@ -1,9 +1,9 @@
 """Eviction order of a pool shard: LRU, LFU or length-aware; pinned blocks are never chosen.
 
 Each order is told of inserts, accesses and removals with the event time `now_s`, and
-`pop_victim` removes and returns the next block to evict. LFU breaks frequency ties by
-least recent access; length-aware evicts the deepest block first (a deep block is reusable
-only while every block before it is cached), then the least recent.
+`pop_victims` removes and returns the next blocks to evict, in one pass. LFU breaks
+frequency ties by least recent access; length-aware evicts the deepest block first (a deep
+block is reusable only while every block before it is cached), then the least recent.
 """
 
 import heapq
@@ -19,7 +19,7 @@ class EvictionOrder(Protocol):
     def on_insert(self, key: int, now_s: float, depth: int) -> None: ...
     def on_access(self, key: int, now_s: float) -> None: ...
     def on_remove(self, key: int) -> None: ...
-    def pop_victim(self, is_pinned: IsPinned) -> int | None: ...
+    def pop_victims(self, num_blocks: int, is_pinned: IsPinned) -> list[int]: ...
 
 
 class LruOrder:
@@ -39,12 +39,17 @@ class LruOrder:
     def on_remove(self, key: int) -> None:
         self._order.pop(key, None)
 
-    def pop_victim(self, is_pinned: IsPinned) -> int | None:
-        for key in self._order:
-            if not is_pinned(key):
-                del self._order[key]
-                return key
-        return None
+    def pop_victims(self, num_blocks: int, is_pinned: IsPinned) -> list[int]:
+        victims = []
+        if num_blocks > 0:
+            for key in self._order:
+                if not is_pinned(key):
+                    victims.append(key)
+                    if len(victims) == num_blocks:
+                        break
+        for key in victims:
+            del self._order[key]
+        return victims
 
 
 class _HeapOrder:
@@ -70,10 +75,11 @@ class _HeapOrder:
     def on_remove(self, key: int) -> None:
         self._current.pop(key, None)
 
-    def pop_victim(self, is_pinned: IsPinned) -> int | None:
+    def pop_victims(self, num_blocks: int, is_pinned: IsPinned) -> list[int]:
+        # Pinned entries are set aside and pushed back once, after the pass.
         skipped = []
-        victim = None
-        while self._heap:
+        victims: list[int] = []
+        while self._heap and len(victims) < num_blocks:
             entry = heapq.heappop(self._heap)
             key = entry[3]
             if self._current.get(key) != entry[2]:
@@ -82,11 +88,10 @@ class _HeapOrder:
                 skipped.append(entry)
                 continue
             del self._current[key]
-            victim = key
-            break
+            victims.append(key)
         for entry in skipped:
             heapq.heappush(self._heap, entry)
-        return victim
+        return victims
 
 
 class LfuOrder(_HeapOrder):
@@ -112,11 +117,11 @@ class LfuOrder(_HeapOrder):
         super().on_remove(key)
         self._hits.pop(key, None)
 
-    def pop_victim(self, is_pinned: IsPinned) -> int | None:
-        victim = super().pop_victim(is_pinned)
-        if victim is not None:
+    def pop_victims(self, num_blocks: int, is_pinned: IsPinned) -> list[int]:
+        victims = super().pop_victims(num_blocks, is_pinned)
+        for victim in victims:
             del self._hits[victim]
-        return victim
+        return victims
 
 
 class LengthAwareOrder(_HeapOrder):
@@ -141,11 +146,11 @@ class LengthAwareOrder(_HeapOrder):
         super().on_remove(key)
         self._depth.pop(key, None)
 
-    def pop_victim(self, is_pinned: IsPinned) -> int | None:
-        victim = super().pop_victim(is_pinned)
-        if victim is not None:
+    def pop_victims(self, num_blocks: int, is_pinned: IsPinned) -> list[int]:
+        victims = super().pop_victims(num_blocks, is_pinned)
+        for victim in victims:
             del self._depth[victim]
-        return victim
+        return victims
 
 
 _ORDERS: dict[str, Callable[[], EvictionOrder]] = {

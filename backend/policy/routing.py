@@ -12,13 +12,13 @@ import math
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from backend.policy.cost_model import CostModel
 from backend.policy.effects import CachePlan, FetchSpan, InstanceEstimate
 
 
-@dataclass(frozen=True, slots=True)
-class PrefillCandidate:
+class PrefillCandidate(NamedTuple):
     """What routing needs to know of one live prefill instance at decision time."""
 
     instance_id: str
@@ -67,18 +67,23 @@ def estimate_ttfts(
             ):
                 source = candidate
     estimates = []
+    # Most instances share a prefix length (often 0): compute each prefill time once.
+    prefill_s_by_blocks: dict[int, float] = {}
     for candidate in candidates:
         local_blocks = prefix_blocks[candidate.instance_id]
-        if source is not None and uses_transfer(local_blocks, best_blocks, threshold):
+        fetches = source is not None and uses_transfer(local_blocks, best_blocks, threshold)
+        if fetches:
             transfer_s = cost.transfer_time_s(
                 (best_blocks - local_blocks) * block_size, source.link_backlog_s
             )
-            prefill_s = cost.prefill_time_s(num_input_tokens, best_blocks * block_size)
-            fetches = True
+            reused_blocks = best_blocks
         else:
             transfer_s = 0.0
-            prefill_s = cost.prefill_time_s(num_input_tokens, local_blocks * block_size)
-            fetches = False
+            reused_blocks = local_blocks
+        prefill_s = prefill_s_by_blocks.get(reused_blocks)
+        if prefill_s is None:
+            prefill_s = cost.prefill_time_s(num_input_tokens, reused_blocks * block_size)
+            prefill_s_by_blocks[reused_blocks] = prefill_s
         estimates.append(
             InstanceEstimate(
                 instance_id=candidate.instance_id,

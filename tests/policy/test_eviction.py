@@ -92,3 +92,19 @@ def test_match_prefix_stops_at_the_first_miss_and_counts_as_access() -> None:
 def test_unknown_policy_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="unknown eviction policy 'fifo'"):
         make_eviction_order("fifo")
+
+
+def test_insert_blocks_never_evicts_its_own_batch_and_drops_the_deepest_first() -> None:
+    cache = BlockCache(4, "length-aware")
+    fill(cache, [(1, 0, 0.0), (2, 1, 0.0), (3, 2, 0.0)])
+    cache.pin([1])
+    # Four new blocks need three evictions but only 2 and 3 may go (1 is pinned): that
+    # leaves room for three, so the deepest new block is left out; no new block evicts
+    # another (length-aware would otherwise pick the deep new ones first).
+    inserted = cache.insert_blocks([10, 11, 12, 13], now_s=1.0)
+    assert sorted(inserted.evicted) == [2, 3]
+    assert (inserted.num_stored, inserted.num_refused) == (3, 1)
+    assert all(key in cache for key in (10, 11, 12)) and 13 not in cache
+    # Blocks already held are neither re-stored nor counted as refused.
+    again = cache.insert_blocks([10, 11], now_s=2.0)
+    assert (again.num_stored, again.num_refused, again.evicted) == (0, 0, [])
