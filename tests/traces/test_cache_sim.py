@@ -10,17 +10,17 @@ from tests.traces.builders import full_blocks_row
 # Five requests through a cache of 3 blocks (ids; depth = position in the request):
 #   t=0 s  A [1, 2]   t=1 s  B [1, 2]   t=2 s  C [3]   t=3 s  D [4]   t=4 s  E [1, 2]
 # A misses both and stores 1 (depth 0), 2 (depth 1). B hits 1, 2 (2 hits); under LFU each
-# is counted by match_prefix and again by insert's touch: frequency 1 -> 3. C stores 3:
+# hit counts as a use: frequency 1 -> 2. C stores 3:
 # the cache is full {1, 2, 3}. D (no hits) must evict one block:
 #   LRU evicts 1 (used at t=1, just before 2; 3 at t=2)       -> {2, 3, 4}
-#   LFU evicts 3 (frequency 1 against 3 and 3)                 -> {1, 2, 4}
+#   LFU evicts 3 (frequency 1 against 2 and 2)                 -> {1, 2, 4}
 #   length-aware evicts 2 (depth 1, the only deep block)       -> {1, 3, 4}
 # E asks for [1, 2]:
-#   LRU: 1 is gone -> 0 hits. Stores 1 (1, 2 pinned): evicts 3 (t=2 before 4 at t=3);
-#        2 is touched. Evictions 2.
+#   LRU: 1 is gone -> 0 hits. Stores 1 (E's own blocks are never evicted): evicts 3
+#        (t=2 before 4 at t=3). Evictions 2.
 #   LFU: 1, 2 cached -> 2 hits, nothing to store. Evictions 1.
 #   length-aware: 1 cached, 2 not -> 1 hit. Stores 2: depth-0 ties 3 (t=2), 4 (t=3),
-#        1 pinned -> evicts 3. Evictions 2.
+#        1 is E's own -> evicts 3. Evictions 2.
 # Blocks: 2 + 2 + 1 + 1 + 2 = 8. Hits: LRU 2 + 0, LFU 2 + 2, length-aware 2 + 1.
 EVICTING_TRACE = [
     full_blocks_row(0, [1, 2]),
