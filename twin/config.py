@@ -1,0 +1,133 @@
+"""TwinConfig: one simulated cluster and the policy it runs, validated with one-line errors."""
+
+import json
+import math
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+from backend.policy.config import (
+    EVICTION_POLICIES,
+    PREFILL_SCHEDULERS,
+    REJECTION_POLICIES,
+    PolicyConfig,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class TwinConfig:
+    """What to simulate. Capacities left at None come from the timing profile."""
+
+    num_prefill: int = 8
+    num_decode: int = 8
+    scheduler: str = "kvcache-centric"
+    rejection: str = "early-predicted"
+    threshold: float = 2.0
+    eviction: str = "lru"
+    ttft_slo_s: float = 30.0
+    tbt_slo_s: float = 0.1
+    decode_time_s: float = 20.0
+    learn_decode_time: bool = False
+    # Replay speed: 2.0 replays the trace's arrivals twice as fast.
+    speed: float = 1.0
+    profile: str = "paper"
+    # Relative standard deviation of Gaussian noise on every executed duration.
+    noise: float = 0.0
+    seed: int = 0
+    dram_capacity_blocks: int | None = None
+    ssd_capacity_blocks: int | None = None
+    decode_kv_capacity_tokens: int | None = None
+    # Chunked pipeline prefill: groups of this many prefill instances; 1 turns it off.
+    pipeline_group: int = 1
+    prefill_chunk_tokens: int = 16_384
+    block_size: int = 512
+    series_interval_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if self.num_prefill < 1 or self.num_decode < 1:
+            raise ValueError(
+                f"need at least one prefill and one decode instance, got "
+                f"{self.num_prefill}P:{self.num_decode}D"
+            )
+        _check_choice("scheduler", self.scheduler, PREFILL_SCHEDULERS)
+        _check_choice("rejection", self.rejection, REJECTION_POLICIES)
+        _check_choice("eviction", self.eviction, EVICTION_POLICIES)
+        if math.isnan(self.threshold) or self.threshold < 1.0:
+            raise ValueError(f"threshold must be in [1, inf], got {self.threshold}")
+        if not (self.speed > 0 and math.isfinite(self.speed)):
+            raise ValueError(f"speed must be a positive number, got {self.speed}")
+        if not (0.0 <= self.noise < 1.0):
+            raise ValueError(f"noise must be in [0, 1), got {self.noise}")
+        if self.pipeline_group < 1 or self.num_prefill % self.pipeline_group:
+            raise ValueError(
+                f"pipeline_group {self.pipeline_group} must divide the {self.num_prefill} "
+                f"prefill instances"
+            )
+        for name in ("dram_capacity_blocks", "ssd_capacity_blocks", "decode_kv_capacity_tokens"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ValueError(f"{name} must be >= 0, got {value}")
+        if self.prefill_chunk_tokens < 1 or self.block_size < 1:
+            raise ValueError("prefill_chunk_tokens and block_size must be positive")
+        if not self.series_interval_s > 0:
+            raise ValueError(f"series_interval_s must be positive, got {self.series_interval_s}")
+        self.policy_config()  # the policy validates its own knobs (SLOs, t_d)
+
+    def policy_config(self) -> PolicyConfig:
+        """The PolicyConfig the live Conductor would run with these settings."""
+        return PolicyConfig(
+            block_size=self.block_size,
+            prefill_scheduler=self.scheduler,  # type: ignore[arg-type]
+            kvcache_balancing_threshold=self.threshold,
+            rejection_policy=self.rejection,  # type: ignore[arg-type]
+            eviction_policy=self.eviction,  # type: ignore[arg-type]
+            ttft_slo_s=self.ttft_slo_s,
+            tbt_slo_s=self.tbt_slo_s,
+            decode_time_s=self.decode_time_s,
+            learn_decode_time=self.learn_decode_time,
+            seed=self.seed,
+        )
+
+    def with_changes(self, **changes: Any) -> "TwinConfig":
+        return replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form; an infinite threshold is written as the string "inf"."""
+        data = asdict(self)
+        if math.isinf(self.threshold):
+            data["threshold"] = "inf"
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "TwinConfig":
+        """Build from a dict (e.g. a JSON file); unknown keys are an error, not ignored."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown twin setting(s): {', '.join(unknown)}")
+        data = dict(data)
+        if isinstance(data.get("threshold"), str):
+            data["threshold"] = float(data["threshold"])
+        return cls(**data)
+
+    @classmethod
+    def load(cls, source: str) -> "TwinConfig":
+        """From a JSON file path, or an inline JSON object string."""
+        text = source
+        if not source.lstrip().startswith("{"):
+            path = Path(source)
+            if not path.is_file():
+                raise ValueError(f"config {source!r} is neither a JSON object nor a file")
+            text = path.read_text()
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"config {source!r} is not valid JSON: {error}") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"config {source!r} must be a JSON object")
+        return cls.from_dict(data)
+
+
+def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"unknown {name} {value!r}; choose one of {', '.join(choices)}")
