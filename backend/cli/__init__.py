@@ -4,6 +4,7 @@ import typer
 
 from backend.cli.bench_cmd import bench_app
 from backend.cli.trace_cmd import trace_app
+from backend.cli.twin_cmd import twin_app
 
 app = typer.Typer(
     name="kvcentric",
@@ -14,6 +15,7 @@ app = typer.Typer(
 )
 app.add_typer(trace_app, name="trace")
 app.add_typer(bench_app, name="bench")
+app.add_typer(twin_app, name="twin")
 
 
 def main() -> None:

@@ -1,0 +1,423 @@
+"""`kvcentric twin ...`: digital-twin runs, sweeps, what-if comparisons and the paper's experiments.
+
+Numbers are read as text and checked here or by TwinConfig, so every bad input, whatever
+the option, ends as one `error: ...` line on stderr with exit code 2.
+"""
+
+import math
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, NoReturn
+
+import typer
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskProgressColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
+from rich.table import Table
+
+from backend.policy.config import EVICTION_POLICIES, PREFILL_SCHEDULERS, REJECTION_POLICIES
+from backend.traces import SHIPPED_TRACE
+from backend.traces.loader import TraceRow, load_trace, parse_minutes
+from twin.compare import compare, write_compare
+from twin.config import TwinConfig
+from twin.paper import DEFAULT_DOC, run_paper
+from twin.report import write_report
+from twin.run import simulate
+from twin.sweep import expand_grid, results_table, run_sweep, swept_axes, write_sweep
+
+twin_app = typer.Typer(
+    help="The SimPy digital twin: replay a trace on a simulated cluster driven by the real "
+    "policy core.",
+    no_args_is_help=True,
+)
+
+_EXIT_BAD_INPUT = 2
+_DEFAULT = TwinConfig()
+_stderr = Console(stderr=True)
+
+_TRACE_HELP = "Mooncake-format JSONL trace (default: the shipped one-hour conversation trace)."
+_MINUTES_HELP = "Replay only rows arriving A to B minutes after the first one (A:B, A: or :B)."
+_WORKERS_HELP = "Runs simulated at once, one process each (default: the number of CPUs)."
+_CONFIG_HELP = (
+    "TwinConfig settings as a JSON file or an inline JSON object, e.g. "
+    '\'{"num_prefill": 8, "num_decode": 8, "threshold": "inf"}\'; unset fields keep the defaults.'
+)
+_THRESHOLD_HELP = (
+    "kvcache_balancing_threshold in [1, inf]: a prefill instance fetches a remote cached "
+    "prefix when it is at least this many times longer than its own (1: any longer prefix; "
+    "inf: never fetch, pure local cache-aware). Used by the kvcache-centric scheduler only."
+)
+_SCHEDULER_HELP = f"Prefill scheduler: {', '.join(PREFILL_SCHEDULERS)}."
+_REJECTION_HELP = (
+    f"Overload policy: {', '.join(REJECTION_POLICIES)}. baseline checks decode load only "
+    "when the request reaches decode (late rejection); early checks it before prefill; "
+    "early-predicted checks the decode load predicted for when the prefill ends."
+)
+_SPEED_HELP = "Replay speed: 2 replays the trace's arrivals twice as fast."
+
+
+@twin_app.command("run")
+def run_command(
+    trace: Path = typer.Option(SHIPPED_TRACE, "--trace", metavar="FILE", help=_TRACE_HELP),
+    num_prefill: str = typer.Option(
+        str(_DEFAULT.num_prefill), "--prefill", metavar="N", help="Prefill instances (>= 1)."
+    ),
+    num_decode: str = typer.Option(
+        str(_DEFAULT.num_decode), "--decode", metavar="M", help="Decode instances (>= 1)."
+    ),
+    scheduler: str = typer.Option(
+        _DEFAULT.scheduler, "--scheduler", metavar="S", help=_SCHEDULER_HELP
+    ),
+    rejection: str = typer.Option(
+        _DEFAULT.rejection, "--rejection", metavar="R", help=_REJECTION_HELP
+    ),
+    threshold: str = typer.Option(
+        f"{_DEFAULT.threshold:g}", "--threshold", metavar="X", help=_THRESHOLD_HELP
+    ),
+    speed: str = typer.Option(f"{_DEFAULT.speed:g}", "--speed", metavar="F", help=_SPEED_HELP),
+    profile: str = typer.Option(
+        _DEFAULT.profile,
+        "--profile",
+        metavar="P",
+        help="Timing profile the twin executes work with: a built-in name or a profile JSON "
+        "file (e.g. written by the agents' profiler).",
+    ),
+    minutes: str | None = typer.Option(None, "--minutes", metavar="A:B", help=_MINUTES_HELP),
+    seed: str = typer.Option(
+        str(_DEFAULT.seed), "--seed", metavar="N", help="Seed of the policy and the noise."
+    ),
+    noise: str = typer.Option(
+        f"{_DEFAULT.noise:g}",
+        "--noise",
+        metavar="SD",
+        help="Relative standard deviation of Gaussian noise on every executed duration, [0, 1).",
+    ),
+    decode_time: str = typer.Option(
+        f"{_DEFAULT.decode_time_s:g}",
+        "--t-d",
+        metavar="SECONDS",
+        help="t_d: the uniform decode time early-predicted assumes per request.",
+    ),
+    ttft_slo: str = typer.Option(
+        f"{_DEFAULT.ttft_slo_s:g}", "--ttft-slo", metavar="SECONDS", help="TTFT SLO."
+    ),
+    tbt_slo: str = typer.Option(
+        f"{_DEFAULT.tbt_slo_s:g}", "--tbt-slo", metavar="SECONDS", help="TBT SLO."
+    ),
+    eviction: str = typer.Option(
+        _DEFAULT.eviction,
+        "--eviction",
+        metavar="E",
+        help=f"KV pool eviction policy: {', '.join(EVICTION_POLICIES)}.",
+    ),
+    reproducible: bool = typer.Option(
+        False,
+        "--reproducible",
+        help="Write sim_wall_s as null, so two runs with one seed give byte-identical reports.",
+    ),
+    out: Path = typer.Option(
+        Path("twin-report.json"), "--out", metavar="FILE", help="Where to write the report."
+    ),
+) -> None:
+    """Simulate one cluster on a trace; write the JSON report and print its headline metrics."""
+    with _bad_input():
+        config = TwinConfig(
+            num_prefill=_integer("--prefill", num_prefill),
+            num_decode=_integer("--decode", num_decode),
+            scheduler=scheduler,
+            rejection=rejection,
+            threshold=_number("--threshold", threshold),
+            speed=_number("--speed", speed),
+            profile=profile,
+            seed=_integer("--seed", seed),
+            noise=_number("--noise", noise),
+            decode_time_s=_number("--t-d", decode_time),
+            ttft_slo_s=_number("--ttft-slo", ttft_slo),
+            tbt_slo_s=_number("--tbt-slo", tbt_slo),
+            eviction=eviction,
+        )
+        rows = _load_rows(trace, minutes)
+        with _progress(counts_runs=False) as progress:
+            task = progress.add_task("simulating", total=1.0)
+            report = simulate(
+                config,
+                rows,
+                trace_label=_label(trace, minutes),
+                on_progress=lambda done: progress.update(task, completed=done, refresh=True),
+            )
+        if reproducible:
+            report["sim_wall_s"] = None
+        write_report(report, out)
+    _print_summary(report, f"twin run: {out}")
+
+
+@twin_app.command("sweep")
+def sweep_command(
+    trace: Path = typer.Option(SHIPPED_TRACE, "--trace", metavar="FILE", help=_TRACE_HELP),
+    minutes: str | None = typer.Option(None, "--minutes", metavar="A:B", help=_MINUTES_HELP),
+    base: str | None = typer.Option(
+        None, "--base", metavar="CONFIG", help="Settings every run starts from. " + _CONFIG_HELP
+    ),
+    thresholds: str = typer.Option(
+        "", "--thresholds", metavar="LIST", help="Thresholds, e.g. 1,1.5,2,inf. " + _THRESHOLD_HELP
+    ),
+    splits: str = typer.Option(
+        "",
+        "--splits",
+        metavar="LIST",
+        help="Prefill:decode splits sharing one total, e.g. 4:12,8:8,12:4 (instances moved "
+        "between the pools, the cluster size kept).",
+    ),
+    schedulers: str = typer.Option("", "--schedulers", metavar="LIST", help=_SCHEDULER_HELP),
+    rejections: str = typer.Option("", "--rejections", metavar="LIST", help=_REJECTION_HELP),
+    speeds: str = typer.Option("", "--speeds", metavar="LIST", help=_SPEED_HELP + " E.g. 1,2."),
+    workers: str | None = typer.Option(None, "--workers", metavar="N", help=_WORKERS_HELP),
+    out: Path = typer.Option(Path("twin-sweep"), "--out", metavar="DIR", help="Output folder."),
+) -> None:
+    """Simulate every combination of the given lists (an omitted list keeps the base value).
+
+    Writes results.csv and results.json (one row per run: its settings and headline
+    metrics) and sweep.html (each swept setting against the metrics it moves) into DIR.
+    """
+    with _bad_input():
+        configs = expand_grid(
+            TwinConfig.load(base) if base else _DEFAULT,
+            thresholds=[_number("--thresholds", x) for x in _items(thresholds)],
+            splits=[_split(x) for x in _items(splits)],
+            schedulers=_items(schedulers),
+            rejections=_items(rejections),
+            speeds=[_number("--speeds", x) for x in _items(speeds)],
+        )
+        num_workers = _workers(workers)
+        rows = _load_rows(trace, minutes)
+        with _progress() as progress:
+            task = progress.add_task(f"{len(configs)} runs", total=len(configs))
+            reports = run_sweep(
+                configs,
+                rows,
+                workers=num_workers,
+                on_done=lambda *_: progress.update(task, advance=1, refresh=True),
+                trace_label=_label(trace, minutes),
+            )
+        paths = write_sweep(reports, out)
+    table = results_table(reports)
+    shown = [*swept_axes(table), "num_completed", "num_rejected", "ttft_mean_s", "ttft_p90_s"]
+    _print_rows(table, [*shown, "slo_attainment", "goodput_rps"], f"twin sweep: {out}")
+    for path in paths:
+        typer.echo(f"wrote {path}", err=True)
+
+
+@twin_app.command("compare")
+def compare_command(
+    baseline: str = typer.Option(..., "--baseline", metavar="CONFIG", help=_CONFIG_HELP),
+    candidate: str = typer.Option(
+        ..., "--candidate", metavar="CONFIG", help="The change to preview. " + _CONFIG_HELP
+    ),
+    trace: Path = typer.Option(SHIPPED_TRACE, "--trace", metavar="FILE", help=_TRACE_HELP),
+    minutes: str | None = typer.Option(None, "--minutes", metavar="A:B", help=_MINUTES_HELP),
+    workers: str = typer.Option("2", "--workers", metavar="N", help="1 runs both in turn."),
+    out: Path = typer.Option(Path("twin-compare"), "--out", metavar="DIR", help="Output folder."),
+) -> None:
+    """Run a baseline and a candidate config on the same arrivals and print the metric deltas.
+
+    Writes compare.json (changed settings, deltas), both reports and compare.html (TTFT
+    CDFs, pool loads and rejections over time, side by side) into DIR.
+    """
+    with _bad_input():
+        configs = [TwinConfig.load(baseline), TwinConfig.load(candidate)]
+        num_workers = _integer("--workers", workers)
+        rows = _load_rows(trace, minutes)
+        with _progress() as progress:
+            task = progress.add_task("baseline + candidate", total=2)
+            result = compare(
+                *configs,
+                rows,
+                workers=num_workers,
+                trace_label=_label(trace, minutes),
+                on_done=lambda *_: progress.update(task, advance=1, refresh=True),
+            )
+        write_compare(result, out)
+    for name, values in result["changed_settings"].items():
+        typer.echo(f"{name}: {values['baseline']} -> {values['candidate']}")
+    columns = ["metric", "baseline", "candidate", "delta", "relative", "verdict"]
+    _print_rows(result["deltas"], columns, f"twin compare: {out}")
+
+
+@twin_app.command("paper")
+def paper_command(
+    trace: Path = typer.Option(
+        SHIPPED_TRACE, "--trace", metavar="FILE", help="The conversation trace to replay whole."
+    ),
+    out: Path = typer.Option(
+        Path("paper-results"), "--out", metavar="DIR", help="Folder for every table and plot."
+    ),
+    doc: Path = typer.Option(
+        DEFAULT_DOC, "--doc", metavar="FILE", help="Markdown written with ours beside the paper's."
+    ),
+    workers: str | None = typer.Option(None, "--workers", metavar="N", help=_WORKERS_HELP),
+) -> None:
+    """The paper's experiments at paper scale (8P+8D on the whole trace), beside its numbers.
+
+    (a) the four prefill schedulers vs Fig. 8, (b) the rejection policies at 2x vs Table 3
+    with their load series, (c) cache hit ratio vs capacity vs Table 1, (d) P:D splits of 16
+    instances, (e) replay speeds 1x-5x. Nothing is tuned towards the paper's numbers.
+    """
+    with _bad_input():
+        num_workers = _workers(workers)
+        with _progress() as progress:
+            task = progress.add_task("paper experiments", total=None)
+            run_paper(
+                trace,
+                out,
+                doc_path=doc,
+                workers=num_workers,
+                on_progress=lambda done, total: progress.update(
+                    task, completed=done, total=total, refresh=True
+                ),
+            )
+    typer.echo(f"wrote {out}/ and {doc}")
+
+
+@contextmanager
+def _bad_input() -> Iterator[None]:
+    """Turn the errors bad input causes into one `error:` line (TraceError is a ValueError)."""
+    try:
+        yield
+    except ValueError as error:
+        _fail(str(error))
+    except OSError as error:
+        if error.filename is not None and error.strerror:
+            _fail(f"{error.filename}: {error.strerror}")
+        _fail(str(error))
+
+
+def _fail(message: str) -> NoReturn:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(_EXIT_BAD_INPUT)
+
+
+def _integer(option: str, text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"{option} needs a whole number, got {text!r}") from None
+
+
+def _number(option: str, text: str) -> float:
+    try:
+        return float(text)  # "inf" is a number here
+    except ValueError:
+        raise ValueError(f"{option} needs a number (or inf), got {text!r}") from None
+
+
+def _items(text: str) -> list[str]:
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
+def _split(text: str) -> tuple[int, int]:
+    prefill, colon, decode = text.partition(":")
+    if not colon:
+        raise ValueError(f"--splits: a split is P:D, e.g. 8:8, got {text!r}")
+    return _integer("--splits", prefill), _integer("--splits", decode)
+
+
+def _workers(text: str | None) -> int:
+    if text is None:
+        return os.cpu_count() or 1
+    count = _integer("--workers", text)
+    if count < 1:
+        raise ValueError(f"--workers must be at least 1, got {count}")
+    return count
+
+
+def _load_rows(trace: Path, minutes: str | None) -> list[TraceRow]:
+    return load_trace(trace, minutes=parse_minutes(minutes) if minutes is not None else None)
+
+
+def _label(trace: Path, minutes: str | None) -> str:
+    return f"{trace.name} minutes {minutes}" if minutes else trace.name
+
+
+def _progress(*, counts_runs: bool = True) -> Progress:
+    """A progress bar on stderr, off when stderr is not a terminal (logs, tests).
+
+    It redraws when told (each finished run, each progress report of a single run), so
+    no refresh thread runs beside the workers.
+    """
+    columns = [TextColumn("{task.description}"), BarColumn(), TaskProgressColumn()]
+    if counts_runs:
+        columns.append(MofNCompleteColumn())
+    return Progress(
+        *columns,
+        TimeElapsedColumn(),
+        console=_stderr,
+        auto_refresh=False,
+        disable=not _stderr.is_terminal,
+    )
+
+
+_SUMMARY = (
+    "num_requests",
+    "num_completed",
+    "num_rejected",
+    "num_rejected_admission",
+    "num_rejected_decode",
+    "num_failed",
+    "ttft_mean_s",
+    "ttft_p50_s",
+    "ttft_p90_s",
+    "ttft_p99_s",
+    "tbt_p50_s",
+    "tbt_p90_s",
+    "slo_attainment",
+    "goodput_rps",
+    "cache_hit_ratio",
+    "reachable_hit_ratio",
+    "wasted_prefill_s",
+    "prefill_load_amplitude",
+    "prefill_load_period_s",
+    "decode_load_amplitude",
+    "decode_load_period_s",
+    "sim_duration_s",
+    "sim_wall_s",
+)
+
+
+def _print_summary(report: dict, title: str) -> None:
+    table = Table(title=title, show_header=False)
+    table.add_column(style="bold")
+    table.add_column(justify="right")
+    for name in _SUMMARY:
+        table.add_row(name, _format(report.get(name)))
+    for reason, count in report.get("rejected_by_reason", {}).items():
+        table.add_row(f"rejected {reason}", _format(count))
+    Console().print(table)
+
+
+def _print_rows(rows: list[dict], columns: list[str], title: str) -> None:
+    table = Table(title=title)
+    for column in columns:
+        table.add_column(column, justify="left" if column == "metric" else "right")
+    for row in rows:
+        table.add_row(*(_format(row.get(column)) for column in columns))
+    Console(width=max(120, Console().width)).print(table)
+
+
+def _format(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return str(value)
+    if isinstance(value, int) or (
+        math.isfinite(value) and value == int(value) and abs(value) > 1e3
+    ):
+        return f"{value:,.0f}"
+    return f"{value:,.4g}" if abs(value) < 1e3 else f"{value:,.1f}"

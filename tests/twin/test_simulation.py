@@ -1,0 +1,124 @@
+"""The twin end to end: invariants, determinism, the real policy inside, cache-sim parity."""
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+import backend.policy.core as policy_core
+from backend.traces.cache_sim import simulate_cache
+from backend.traces.loader import load_trace
+from twin.config import TwinConfig
+from twin.report import dumps_report
+from twin.run import simulate
+
+EXPECTED_DIR = Path(__file__).parent / "expected"
+SMALL = TwinConfig(num_prefill=2, num_decode=2, seed=7, series_interval_s=10.0)
+
+
+@pytest.fixture(scope="module")
+def first_minutes(shipped_trace):
+    """The first three minutes of the shipped trace (about 600 requests)."""
+    return load_trace(shipped_trace, minutes=(0.0, 3.0))
+
+
+def comparable(report: dict) -> str:
+    return dumps_report({**report, "sim_wall_s": None})
+
+
+def test_every_request_ends_once_and_tokens_add_up(first_minutes) -> None:
+    report = simulate(SMALL.with_changes(speed=4.0, rejection="baseline"), first_minutes)
+    rows = report["requests"]
+    assert report["num_requests"] == len(first_minutes) == len(rows)
+    assert (
+        report["num_completed"] + report["num_rejected"] + report["num_failed"]
+        == report["num_requests"]
+    )
+    assert report["num_rejected"] > 0  # 4x overload on 2P+2D: the check must bite
+    assert {row["outcome"] for row in rows} <= {"completed", "rejected", "failed"}
+    completed = [row for row in rows if row["outcome"] == "completed"]
+    # tokens in = tokens out: every completed request produced exactly its output tokens,
+    # and every admitted prompt token was either reused or computed.
+    assert report["num_output_tokens"] == sum(row["output_tokens"] for row in completed)
+    assert all(row["ttft_s"] is not None and row["ttft_s"] > 0 for row in completed)
+    pool = report["pool"]
+    assert pool["max_dram_blocks"] <= pool["dram_capacity_blocks"]
+    assert pool["max_ssd_blocks"] <= pool["ssd_capacity_blocks"]
+    assert sum(report["rejected_by_reason"].values()) == report["num_rejected"]
+
+
+def test_small_pools_evict_without_touching_pinned_blocks(first_minutes) -> None:
+    # Tiny shards force constant eviction and demotion while requests pin what they reuse;
+    # the shard raises if a pinned block is ever evicted, the run checks the capacities.
+    config = SMALL.with_changes(dram_capacity_blocks=64, ssd_capacity_blocks=64, eviction="lfu")
+    report = simulate(config, first_minutes)
+    assert report["pool"]["max_dram_blocks"] == 64
+    assert report["num_completed"] + report["num_rejected"] == report["num_requests"]
+
+
+def test_same_seed_same_report_byte_for_byte(first_minutes) -> None:
+    config = SMALL.with_changes(noise=0.1)
+    first = comparable(simulate(config, first_minutes))
+    assert comparable(simulate(config, first_minutes)) == first
+    assert comparable(simulate(config.with_changes(seed=8), first_minutes)) != first
+
+
+def test_report_matches_the_stored_expected_report(first_minutes) -> None:
+    """Regenerate with KVC_UPDATE_EXPECTED=1 after an intended change, and say why in the commit."""
+    import os
+
+    path = EXPECTED_DIR / "small-2p2d-3min.json"
+    actual = json.loads(comparable(simulate(SMALL, first_minutes)))
+    if os.environ.get("KVC_UPDATE_EXPECTED"):
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(json.dumps(actual, sort_keys=True, indent=1) + "\n")
+    expected = json.loads(path.read_text())
+    for key in ("requests", "series"):
+        assert actual.pop(key) == expected.pop(key), key
+    assert actual == expected
+
+
+def test_the_twin_runs_the_real_policy_code(first_minutes, monkeypatch) -> None:
+    baseline = simulate(SMALL, first_minutes)
+    calls = []
+    real_route = policy_core.route_prefill
+
+    def always_first_instance(candidates, *args, **kwargs):
+        calls.append(len(candidates))
+        return real_route(candidates[:1], *args, **kwargs)
+
+    monkeypatch.setattr(policy_core, "route_prefill", always_first_instance)
+    changed = simulate(SMALL, first_minutes)
+    assert len(calls) == len(first_minutes)
+    assert {row["prefill_instance"] for row in changed["requests"] if row["prefill_instance"]} == {
+        "prefill-00"
+    }
+    assert changed["ttft_mean_s"] != baseline["ttft_mean_s"]
+
+
+@pytest.mark.parametrize("policy", ["lru", "lfu", "length-aware"])
+def test_one_instance_without_transfers_hits_exactly_like_cache_sim(shipped_trace, policy) -> None:
+    # The same 400 requests for both: whole blocks only (the live system keys full blocks),
+    # one a minute, so each prefill (at most 36 s) ends before the next request arrives, as
+    # cache-sim assumes. One prefill instance, no SSD, a pool that must evict.
+    rows = [
+        replace(row, timestamp_ms=60_000 * n, input_length=len(row.hash_ids) * 512)
+        for n, row in enumerate(load_trace(shipped_trace)[:400])
+    ]
+    capacity_blocks = 1000
+    config = TwinConfig(
+        num_prefill=1,
+        num_decode=1,
+        scheduler="cache-aware",
+        rejection="none",
+        eviction=policy,
+        dram_capacity_blocks=capacity_blocks,
+        ssd_capacity_blocks=0,
+        series_interval_s=1e5,
+    )
+    report = simulate(config, rows)
+    expected = simulate_cache(rows, policy, capacity_blocks)
+    assert report["num_completed"] == len(rows)
+    assert expected["evictions"] > 0 and expected["hits"] > 0
+    assert report["block_hit_ratio"] == expected["hit_ratio"]

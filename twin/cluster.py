@@ -1,0 +1,242 @@
+"""TwinCluster: the simulated cluster around the Conductor's own ConductorCore.
+
+It plays the driver's part exactly as the live Conductor does: it feeds the core events
+with `now_s = env.now` and carries out the effects it returns on simulated instances.
+It decides nothing itself; the one local decision, a decode instance's check on arrival,
+is the policy's `check_decode_arrival`.
+"""
+
+from collections.abc import Generator, Sequence
+from typing import Any
+
+import simpy
+
+from backend.policy import events as ev
+from backend.policy.core import ConductorCore
+from backend.policy.cost_model import CostModel
+from backend.policy.decode_load import check_decode_arrival
+from backend.policy.effects import (
+    DispatchDecode,
+    DispatchPrefill,
+    Effect,
+    Evict,
+    FailRequest,
+    Reject,
+    Replicate,
+)
+from twin.config import TwinConfig
+from twin.decode import DecodeInstance, DecodeJob
+from twin.prefill import PrefillInstance, PrefillJob
+from twin.recorder import Recorder, RequestRecord
+from twin.shard import KvEvent, PoolShard
+from twin.timing import TimingModel
+
+# Loads are sampled ten times per series window and averaged per window.
+SAMPLES_PER_WINDOW = 10
+
+
+class TwinCluster:
+    """Prefill and decode instances, their shards and links, and the core that steers them."""
+
+    def __init__(
+        self,
+        config: TwinConfig,
+        timing: TimingModel,
+        cost: CostModel,
+        *,
+        dram_blocks: int,
+        ssd_blocks: int,
+        decode_kv_capacity_tokens: int,
+    ) -> None:
+        self.config = config
+        self.policy = config.policy_config()
+        self.timing = timing
+        self.env = simpy.Environment()
+        self.core = ConductorCore(self.policy, cost)
+        self.recorder = Recorder()
+        self._arrivals: dict[str, ev.RequestArrived] = {}
+        self._jobs: dict[str, PrefillJob] = {}
+        self._num_requests = 0
+        self._all_done = self.env.event()
+        self.prefill = {
+            f"prefill-{n:02d}": PrefillInstance(
+                self.env,
+                f"prefill-{n:02d}",
+                timing,
+                PoolShard(f"prefill-{n:02d}", dram_blocks, ssd_blocks, config.eviction),
+                block_size=config.block_size,
+                chunk_tokens=config.prefill_chunk_tokens,
+                on_started=self._on_prefill_started,
+                on_kv_events=self._apply_kv_events,
+                on_finished=self._on_prefill_finished,
+            )
+            for n in range(config.num_prefill)
+        }
+        instances = list(self.prefill.values())
+        for start in range(0, len(instances), config.pipeline_group):
+            group = instances[start : start + config.pipeline_group]
+            for member in group:
+                member.group = group
+        self.decode = {
+            f"decode-{n:02d}": DecodeInstance(
+                self.env,
+                f"decode-{n:02d}",
+                timing,
+                decode_kv_capacity_tokens,
+                on_start=self._on_decode_started,
+                on_finish=self._on_decode_finished,
+            )
+            for n in range(config.num_decode)
+        }
+        for instance_id in self.prefill:
+            self._feed(ev.AgentJoined(0.0, instance_id, "prefill"))
+        for instance_id in self.decode:
+            self._feed(ev.AgentJoined(0.0, instance_id, "decode", decode_kv_capacity_tokens))
+
+    # -- running --------------------------------------------------------------------------
+    def run(self, arrivals: Sequence[ev.RequestArrived], on_progress=None) -> None:
+        """Replay `arrivals` (sorted by now_s) until every request has ended."""
+        self._num_requests = len(arrivals)
+        if not arrivals:
+            return
+        last_arrival_s = arrivals[-1].now_s
+        self.env.process(self._arrive(arrivals, on_progress, last_arrival_s))
+        self.env.process(self._sample_loads())
+        self.env.run(until=self._all_done)
+
+    def _arrive(self, arrivals, on_progress, last_arrival_s: float) -> Generator[Any, Any, None]:
+        env = self.env
+        records = self.recorder.records
+        for number, arrival in enumerate(arrivals, start=1):
+            if arrival.now_s > env.now:
+                yield env.timeout(arrival.now_s - env.now)
+            records[arrival.request_id] = RequestRecord(
+                arrival.request_id,
+                env.now,
+                arrival.num_input_tokens,
+                arrival.num_output_tokens,
+            )
+            self._arrivals[arrival.request_id] = arrival
+            self._carry_out(self._feed(arrival))
+            if on_progress is not None and number % 256 == 0 and last_arrival_s > 0:
+                on_progress(min(1.0, env.now / last_arrival_s))
+
+    def _sample_loads(self) -> Generator[Any, Any, None]:
+        env = self.env
+        tbt_slo_s = self.policy.tbt_slo_s
+        decode = list(self.decode.values())
+        while not self._all_done.triggered:
+            prefill_loads = self.core.prefill_loads(env.now)
+            prefill_load = sum(prefill_loads.values()) / len(prefill_loads)
+            decode_load = sum(d.step_s for d in decode) / len(decode) / tbt_slo_s
+            self.recorder.sample_loads(env.now, prefill_load, decode_load)
+            yield env.timeout(self.config.series_interval_s / SAMPLES_PER_WINDOW)
+
+    # -- the core -------------------------------------------------------------------------
+    def _feed(self, event: ev.Event) -> tuple[Effect, ...]:
+        return self.core.handle(event)
+
+    def _carry_out(self, effects: Sequence[Effect]) -> None:
+        retained = {e.request_id for e in effects if type(e) is Replicate}
+        for effect in effects:
+            kind = type(effect)
+            if kind is DispatchPrefill:
+                self._dispatch_prefill(effect, effect.request_id in retained)
+            elif kind is DispatchDecode:
+                self.env.process(self._hand_to_decode(effect))
+            elif kind is Reject:
+                self._end(effect.request_id, "rejected", reason=effect.reason, stage=effect.stage)
+            elif kind is FailRequest:
+                self._end(effect.request_id, "failed", reason=effect.reason)
+            elif kind is Evict:
+                shard = self.prefill[effect.instance_id].shard
+                self._apply_kv_events(shard.drop(effect.keys, self.env.now))
+            elif kind is Replicate:
+                self.recorder.num_replicated_blocks += len(effect.keys)
+
+    def _apply_kv_events(self, events: list[KvEvent]) -> None:
+        for event in events:
+            self._carry_out(self._feed(event))
+
+    def _end(self, request_id: str, outcome: str, **details: object) -> None:
+        self.recorder.end(request_id, outcome, self.env.now, **details)
+        self._arrivals.pop(request_id, None)
+        self._jobs.pop(request_id, None)
+        if self.recorder.num_terminal == self._num_requests and not self._all_done.triggered:
+            self._all_done.succeed()
+
+    # -- prefill --------------------------------------------------------------------------
+    def _dispatch_prefill(self, dispatch: DispatchPrefill, retain_fetched: bool) -> None:
+        arrival = self._arrivals[dispatch.request_id]
+        plan = dispatch.plan
+        record = self.recorder.records[dispatch.request_id]
+        record.prefill_instance = dispatch.instance_id
+        record.estimated_ttft_s = dispatch.estimated_ttft_s
+        record.reused_tokens = plan.num_reused_tokens
+        record.computed_tokens = plan.num_compute_tokens
+        record.reachable_tokens = (
+            max(c.prefix_blocks for c in dispatch.candidates) * self.config.block_size
+        )
+        source = None
+        if plan.fetch is not None:
+            source = self.prefill[plan.fetch.source_instance_id]
+            record.transferred_tokens = len(plan.fetch.keys) * self.config.block_size
+        # Without a Replicate the fetched blocks are used once and not kept.
+        keys = arrival.block_keys
+        if plan.fetch is not None and not retain_fetched:
+            fetched = set(plan.fetch.keys)
+            keys = tuple(key for key in keys if key not in fetched)
+        job = PrefillJob(dispatch.request_id, arrival.num_input_tokens, keys, plan, source)
+        self._jobs[dispatch.request_id] = job
+        self.prefill[dispatch.instance_id].submit(job)
+
+    def _on_prefill_started(self, job: PrefillJob) -> None:
+        instance_id = self.recorder.records[job.request_id].prefill_instance
+        assert instance_id is not None
+        self._feed(ev.PrefillStarted(self.env.now, job.request_id, instance_id))
+
+    def _on_prefill_finished(self, job: PrefillJob) -> None:
+        record = self.recorder.records[job.request_id]
+        record.prefill_compute_s = job.compute_s
+        assert record.prefill_instance is not None
+        self._carry_out(
+            self._feed(ev.PrefillFinished(self.env.now, job.request_id, record.prefill_instance))
+        )
+
+    # -- decode ---------------------------------------------------------------------------
+    def _hand_to_decode(self, dispatch: DispatchDecode) -> Generator[Any, Any, None]:
+        record = self.recorder.records[dispatch.request_id]
+        record.decode_instance = dispatch.instance_id
+        decode = self.decode[dispatch.instance_id]
+        if self.policy.checks_decode_on_arrival:
+            arrival = self._arrivals[dispatch.request_id]
+            reason = check_decode_arrival(
+                self.core.cost,
+                batch_size=decode.batch_size,
+                context_tokens=decode.context_tokens,
+                new_context_tokens=dispatch.num_context_tokens,
+                tbt_slo_s=arrival.tbt_slo_s or self.policy.tbt_slo_s,
+                kv_capacity_tokens=decode.kv_capacity_tokens,
+            )
+            if reason is not None:
+                self._feed(
+                    ev.DecodeRejected(self.env.now, dispatch.request_id, decode.instance_id, reason)
+                )
+                self._end(dispatch.request_id, "rejected", reason=reason, stage="decode")
+                return
+        prefill = self.prefill[record.prefill_instance or ""]
+        yield from prefill.send(dispatch.num_context_tokens * self.timing.kv_bytes_per_token)
+        decode.admit(
+            DecodeJob(dispatch.request_id, dispatch.num_context_tokens, record.output_tokens)
+        )
+
+    def _on_decode_started(self, job: DecodeJob, now_s: float) -> None:
+        record = self.recorder.records[job.request_id]
+        record.first_token_s = now_s
+        self._feed(ev.DecodeStarted(now_s, job.request_id, record.decode_instance or ""))
+
+    def _on_decode_finished(
+        self, job: DecodeJob, now_s: float, tbt_mean_s: float, tbt_max_s: float
+    ) -> None:
+        self._feed(ev.DecodeFinished(now_s, job.request_id))
+        self._end(job.request_id, "completed", tbt_mean_s=tbt_mean_s, tbt_max_s=tbt_max_s)

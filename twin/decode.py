@@ -1,0 +1,153 @@
+"""DecodeInstance: continuous batching at iteration level, simulated by skipping ahead.
+
+Every iteration of a batch takes the same step time until the batch changes, so instead of
+one event per step the instance advances a shared step counter over whole stretches and
+wakes only when a request joins or finishes. A request's tokens are the steps counted
+while it was in the batch; its TBT gaps are the step times of those stretches. Requests
+that find the instance's KV memory full wait for room (or are rejected by the local check
+when a rejection policy is on).
+"""
+
+import heapq
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import simpy
+
+from twin.timing import TimingModel
+
+_EPSILON_STEPS = 1e-9
+
+
+@dataclass(slots=True)
+class DecodeJob:
+    request_id: str
+    context_tokens: int
+    output_tokens: int
+    # Filled in by the instance:
+    joined_step: float = 0.0
+    joined_s: float = 0.0
+    joined_epoch: int = 0
+
+
+class DecodeInstance:
+    """One decode instance; `on_finish(job, now_s, tbt_mean_s, tbt_max_s)` reports the end."""
+
+    def __init__(
+        self,
+        env: simpy.Environment,
+        instance_id: str,
+        timing: TimingModel,
+        kv_capacity_tokens: int,
+        on_start: Callable[[DecodeJob, float], None],
+        on_finish: Callable[[DecodeJob, float, float, float], None],
+    ) -> None:
+        self.env = env
+        self.instance_id = instance_id
+        self.timing = timing
+        self.kv_capacity_tokens = kv_capacity_tokens
+        self._on_start = on_start
+        self._on_finish = on_finish
+        self.jobs: dict[str, DecodeJob] = {}
+        self.waiting: deque[DecodeJob] = deque()
+        self._finish_heap: list[tuple[float, str]] = []  # (step at which it ends, request)
+        self._steps_done = 0.0  # iterations run since the start, fractional
+        self._last_advance_s = 0.0
+        self.step_s = 0.0
+        self._sum_context_tokens = 0  # prompts of the batch
+        self._sum_joined_steps = 0.0  # for the generated tokens of the batch
+        self._timer_generation = 0
+        # One entry per stretch of constant batch: its step time and tokens produced.
+        self.epoch_step_s: list[float] = [0.0]
+        self.epoch_tokens: list[float] = [0.0]
+
+    # -- what the cluster sees ------------------------------------------------------------
+    @property
+    def batch_size(self) -> int:
+        return len(self.jobs)
+
+    @property
+    def context_tokens(self) -> int:
+        """KV tokens of the running batch: prompts plus tokens generated so far."""
+        generated = len(self.jobs) * self._steps_now() - self._sum_joined_steps
+        return self._sum_context_tokens + int(generated)
+
+    def has_room(self, context_tokens: int) -> bool:
+        return self.context_tokens + context_tokens <= self.kv_capacity_tokens
+
+    def admit(self, job: DecodeJob) -> None:
+        """Start `job` now if its KV fits, else queue it until a request finishes."""
+        if self.waiting or not self.has_room(job.context_tokens):
+            self.waiting.append(job)
+            return
+        self._advance()
+        self._join(job)
+        self._reschedule()
+
+    # -- the batch ------------------------------------------------------------------------
+    def _steps_now(self) -> float:
+        if not self.jobs or self.step_s <= 0:
+            return self._steps_done
+        return self._steps_done + (self.env.now - self._last_advance_s) / self.step_s
+
+    def _advance(self) -> None:
+        """Account the iterations run since the last change of the batch."""
+        now_s = self.env.now
+        if self.jobs and self.step_s > 0:
+            steps = (now_s - self._last_advance_s) / self.step_s
+            self._steps_done += steps
+            self.epoch_tokens[-1] += steps * len(self.jobs)
+        self._last_advance_s = now_s
+
+    def _join(self, job: DecodeJob) -> None:
+        job.joined_step = self._steps_done
+        job.joined_s = self.env.now
+        job.joined_epoch = len(self.epoch_step_s)
+        self.jobs[job.request_id] = job
+        self._sum_context_tokens += job.context_tokens
+        self._sum_joined_steps += job.joined_step
+        heapq.heappush(self._finish_heap, (job.joined_step + job.output_tokens, job.request_id))
+        self._on_start(job, self.env.now)
+
+    def _reschedule(self) -> None:
+        """New step time for the batch as it now stands, and a timer for the next finish."""
+        self.step_s = self.timing.decode_step_s(len(self.jobs), self.context_tokens)
+        self.epoch_step_s.append(self.step_s)
+        self.epoch_tokens.append(0.0)
+        self._timer_generation += 1
+        if not self._finish_heap:
+            return
+        steps_left = max(0.0, self._finish_heap[0][0] - self._steps_done)
+        timer = self.env.timeout(steps_left * self.step_s)
+        generation = self._timer_generation
+        timer.callbacks.append(lambda _event: self._on_timer(generation))
+
+    def _on_timer(self, generation: int) -> None:
+        if generation != self._timer_generation:
+            return  # the batch changed since this timer was set
+        self._advance()
+        now_s = self.env.now
+        heap = self._finish_heap
+        # The timer was set to land exactly on the head job's last step: snap the counter to
+        # it, so float error (large clocks, small steps) cannot leave it a hair short and
+        # spin on ever tinier timers.
+        if heap and heap[0][0] > self._steps_done:
+            self._steps_done = heap[0][0]
+        while heap and heap[0][0] <= self._steps_done + _EPSILON_STEPS:
+            _, request_id = heapq.heappop(heap)
+            job = self.jobs.pop(request_id)
+            self._sum_context_tokens -= job.context_tokens
+            self._sum_joined_steps -= job.joined_step
+            elapsed_s = now_s - job.joined_s
+            tbt_mean_s = elapsed_s / job.output_tokens if job.output_tokens else 0.0
+            tbt_max_s = max(self.epoch_step_s[job.joined_epoch :], default=self.step_s)
+            self._on_finish(job, now_s, tbt_mean_s, tbt_max_s)
+        if not self.jobs:
+            # Reset the fractional counter so float error cannot build up over hours.
+            self._steps_done = 0.0
+            self._sum_joined_steps = 0.0
+            heap.clear()
+        while self.waiting and self.has_room(self.waiting[0].context_tokens):
+            self._join(self.waiting.popleft())
+        self._reschedule()

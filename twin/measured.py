@@ -1,0 +1,182 @@
+"""MeasuredTiming: the twin's ground truth interpolated from profile points of real agents.
+
+Piecewise-linear on purpose, not the policy's least-squares form, so a profile's curvature
+shows up as policy misprediction. Points are grouped into rows (prefill: one row per cached
+length, over new tokens; decode: one row per batch size, over context tokens); a query is
+interpolated along the x axis inside each row, then between the two nearest rows. Beyond
+the measured range the edge segments extend linearly; results are clamped at zero.
+"""
+
+import bisect
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from twin.profile_fields import (
+    InstanceCapacities,
+    StorageSpeeds,
+    integer,
+    number,
+    read_capacities,
+    read_link,
+    read_storage,
+)
+
+
+class PiecewiseLinear:
+    """y(x) through sorted points; repeated x values are averaged; edges extend linearly."""
+
+    def __init__(self, points: Iterable[tuple[float, float]]) -> None:
+        grouped: dict[float, list[float]] = defaultdict(list)
+        for x, y in points:
+            grouped[x].append(y)
+        self.xs = sorted(grouped)
+        self.ys = [sum(grouped[x]) / len(grouped[x]) for x in self.xs]
+
+    def __call__(self, x: float) -> float:
+        xs, ys = self.xs, self.ys
+        if len(xs) == 1:
+            return ys[0]
+        index = bisect.bisect_left(xs, x)
+        if index < len(xs) and xs[index] == x:
+            return ys[index]
+        index = min(max(index, 1), len(xs) - 1)  # the segment [index-1, index], or an edge one
+        x0, x1, y0, y1 = xs[index - 1], xs[index], ys[index - 1], ys[index]
+        return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+
+
+class RowInterpolation:
+    """z(row, x): a PiecewiseLinear per row, then linear between the two nearest rows."""
+
+    def __init__(self, points: Iterable[tuple[float, float, float]]) -> None:
+        rows: dict[float, list[tuple[float, float]]] = defaultdict(list)
+        for row, x, z in points:
+            rows[row].append((x, z))
+        self.row_keys = sorted(rows)
+        self.curves = [PiecewiseLinear(rows[key]) for key in self.row_keys]
+
+    def __call__(self, row: float, x: float) -> float:
+        keys = self.row_keys
+        index = bisect.bisect_left(keys, row)
+        if len(keys) == 1 or (index < len(keys) and keys[index] == row):
+            value = self.curves[min(index, len(keys) - 1)](x)
+        else:
+            index = min(max(index, 1), len(keys) - 1)
+            r0, r1 = keys[index - 1], keys[index]
+            z0, z1 = self.curves[index - 1](x), self.curves[index](x)
+            value = z0 + (z1 - z0) * (row - r0) / (r1 - r0)
+        return max(value, 0.0)
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillPoint:
+    input_tokens: int
+    cached_tokens: int
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class DecodePoint:
+    batch_size: int
+    context_tokens: int
+    seconds: float
+
+
+class MeasuredTiming:
+    """Ground-truth durations interpolated from measured prefill and decode points."""
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        kv_bytes_per_token: int,
+        link_bandwidth_bytes_per_s: float,
+        link_latency_s: float,
+        storage: StorageSpeeds,
+        instance: InstanceCapacities,
+        prefill_points: Iterable[PrefillPoint],
+        decode_points: Iterable[DecodePoint],
+    ) -> None:
+        self.name = name
+        self.kv_bytes_per_token = kv_bytes_per_token
+        self.link_bandwidth_bytes_per_s = link_bandwidth_bytes_per_s
+        self.link_latency_s = link_latency_s
+        self.storage = storage
+        self.instance = instance
+        self.prefill_points = tuple(prefill_points)
+        self.decode_points = tuple(decode_points)
+        self._prefill = RowInterpolation(
+            (*_prefill_coordinates(p.input_tokens, p.cached_tokens), p.seconds)
+            for p in self.prefill_points
+        )
+        self._decode = RowInterpolation(
+            (p.batch_size, p.context_tokens, p.seconds) for p in self.decode_points
+        )
+
+    def prefill_s(self, input_tokens: int, cached_tokens: int) -> float:
+        return self._prefill(*_prefill_coordinates(input_tokens, cached_tokens))
+
+    def decode_step_s(self, batch_size: int, context_tokens: int) -> float:
+        if batch_size <= 0:
+            return 0.0
+        return self._decode(batch_size, max(context_tokens, 0))
+
+    def transfer_s(self, num_bytes: int) -> float:
+        if num_bytes <= 0:
+            return 0.0
+        return self.link_latency_s + num_bytes / self.link_bandwidth_bytes_per_s
+
+    def load_s(self, num_bytes: int, tier: str) -> float:
+        return self.storage.load_s(num_bytes, tier)
+
+    @classmethod
+    def from_profile(cls, data: Mapping[str, Any]) -> "MeasuredTiming":
+        """Build from a profile dict with `prefill_points` and `decode_points`."""
+        bandwidth, latency = read_link(data)
+        # An agent that did not measure its tiers is taken to read them at link speed.
+        has_storage = "storage" in data
+        storage = read_storage(data) if has_storage else StorageSpeeds(bandwidth, bandwidth)
+        return cls(
+            name=str(data.get("name", "measured")),
+            kv_bytes_per_token=integer(data, "kv_bytes_per_token"),
+            link_bandwidth_bytes_per_s=bandwidth,
+            link_latency_s=latency,
+            storage=storage,
+            instance=read_capacities(data),
+            prefill_points=[
+                PrefillPoint(
+                    input_tokens=integer(point, "input_tokens", where),
+                    cached_tokens=integer(point, "cached_tokens", where, allow_zero=True),
+                    seconds=number(point, "seconds", where),
+                )
+                for where, point in _points(data, "prefill_points")
+            ],
+            decode_points=[
+                DecodePoint(
+                    batch_size=integer(point, "batch_size", where),
+                    context_tokens=integer(point, "context_tokens", where, allow_zero=True),
+                    seconds=number(point, "seconds", where),
+                )
+                for where, point in _points(data, "decode_points")
+            ],
+        )
+
+
+def _prefill_coordinates(input_tokens: int, cached_tokens: int) -> tuple[int, int]:
+    """(row, x) = (cached tokens, new tokens); at least one token is always computed."""
+    cached_tokens = min(max(cached_tokens, 0), max(input_tokens, 0))
+    return cached_tokens, max(input_tokens - cached_tokens, 1)
+
+
+def _points(data: Mapping[str, Any], key: str) -> list[tuple[str, Mapping[str, Any]]]:
+    """(`key[i].`, point) pairs of a list of at least two point objects."""
+    if key not in data:
+        raise ValueError(f"lacks {key!r}")
+    points = data[key]
+    if not isinstance(points, list) or len(points) < 2:
+        raise ValueError(f"{key!r} must be a list of at least two points")
+    for i, point in enumerate(points):
+        if not isinstance(point, Mapping):
+            raise ValueError(f"'{key}[{i}]' must be a JSON object")
+    return [(f"{key}[{i}].", point) for i, point in enumerate(points)]

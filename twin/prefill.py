@@ -1,0 +1,123 @@
+"""PrefillInstance: a prefill node of the twin, its compute, its outgoing link, its shard.
+
+A job waits its turn on the instance's compute (FIFO) while the blocks its cache plan
+fetches come over the holder's outgoing link, which serves one transfer at a time (so a hot
+holder congests). Reused KV is loaded layer by layer while computing, so a prefill lasts
+max(compute, load). Long prompts in a chunked-pipeline group hold every member of the group
+and run chunk by chunk through its stages.
+"""
+
+import math
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
+from typing import Any
+
+import simpy
+
+from backend.policy.effects import CachePlan
+from twin.shard import KvEvent, PoolShard
+from twin.timing import TimingModel
+
+
+@dataclass(slots=True)
+class PrefillJob:
+    request_id: str
+    input_tokens: int
+    keys: tuple[int, ...]
+    plan: CachePlan
+    source: "PrefillInstance | None" = None
+    compute_s: float = 0.0  # filled in when it runs
+
+
+class PrefillInstance:
+    """One prefill instance; callbacks carry its news back to the cluster driver."""
+
+    def __init__(
+        self,
+        env: simpy.Environment,
+        instance_id: str,
+        timing: TimingModel,
+        shard: PoolShard,
+        *,
+        block_size: int,
+        chunk_tokens: int,
+        on_started: Callable[[PrefillJob], None],
+        on_kv_events: Callable[[list[KvEvent]], None],
+        on_finished: Callable[[PrefillJob], None],
+    ) -> None:
+        self.env = env
+        self.instance_id = instance_id
+        self.timing = timing
+        self.shard = shard
+        self.block_size = block_size
+        self.chunk_tokens = chunk_tokens
+        self.compute = simpy.Resource(env, capacity=1)
+        self.link = simpy.Resource(env, capacity=1)
+        self.group: list[PrefillInstance] = [self]
+        self._on_started = on_started
+        self._on_kv_events = on_kv_events
+        self._on_finished = on_finished
+
+    def submit(self, job: PrefillJob) -> None:
+        """Accept a dispatched job: pin what it reuses, start its fetch, queue its compute."""
+        self.shard.pin(job.plan.local_keys)
+        fetch = job.plan.fetch
+        if fetch is not None and job.source is not None:
+            job.source.shard.pin(fetch.keys)
+        self.env.process(self._run(job))
+
+    def send(self, num_bytes: int) -> Generator[Any, Any, None]:
+        """Occupy this instance's outgoing link for one transfer (queued FIFO)."""
+        with self.link.request() as turn:
+            yield turn
+            yield self.env.timeout(self.timing.transfer_s(num_bytes))
+
+    def _run(self, job: PrefillJob) -> Generator[Any, Any, None]:
+        env = self.env
+        fetch = job.plan.fetch
+        fetched = None
+        if fetch is not None and job.source is not None:
+            fetched = env.process(self._fetch(job))
+        is_pipelined = len(self.group) > 1 and job.input_tokens > self.chunk_tokens
+        members = self.group if is_pipelined else [self]
+        turns = [member.compute.request() for member in members]
+        for turn in turns:  # always in group order, so two pipelined jobs cannot deadlock
+            yield turn
+        if fetched is not None:
+            yield fetched
+        self._on_started(job)
+        job.compute_s = self._duration_s(job, num_stages=len(members))
+        yield env.timeout(job.compute_s)
+        for member, turn in zip(members, turns, strict=True):
+            member.compute.release(turn)
+        now_s = env.now
+        local_keys = job.plan.local_keys
+        self.shard.touch(local_keys, now_s)
+        self._on_kv_events(self.shard.store(job.keys, now_s))
+        self.shard.unpin(local_keys)
+        self._on_finished(job)
+
+    def _fetch(self, job: PrefillJob) -> Generator[Any, Any, None]:
+        fetch = job.plan.fetch
+        source = job.source
+        assert fetch is not None and source is not None
+        num_bytes = len(fetch.keys) * self.block_size * self.timing.kv_bytes_per_token
+        yield from source.send(num_bytes)
+        source.shard.unpin(fetch.keys)
+
+    def _duration_s(self, job: PrefillJob, *, num_stages: int) -> float:
+        timing = self.timing
+        plan = job.plan
+        compute_s = timing.prefill_s(job.input_tokens, plan.num_reused_tokens)
+        block_bytes = self.block_size * timing.kv_bytes_per_token
+        ssd_blocks = self.shard.count_on_ssd(plan.local_keys)
+        dram_blocks = len(plan.local_keys) - ssd_blocks
+        load_s = timing.load_s(dram_blocks * block_bytes, "dram") if dram_blocks else 0.0
+        if ssd_blocks:
+            load_s += timing.load_s(ssd_blocks * block_bytes, "ssd")
+        seconds = max(compute_s, load_s)  # layer-wise loading overlaps compute
+        if num_stages > 1:
+            # C chunks through X stages, each stage 1/X of the layers: (C + X - 1) / (C X).
+            chunks = math.ceil(job.input_tokens / self.chunk_tokens)
+            seconds *= (chunks + num_stages - 1) / (chunks * num_stages)
+        return seconds

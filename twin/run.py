@@ -1,0 +1,127 @@
+"""simulate(): one twin run of a trace on a TwinConfig, returning its report dict."""
+
+import time
+from collections.abc import Callable, Sequence
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+
+from backend.policy import events as ev
+from backend.policy.cost_model import CostModel
+from backend.traces.loader import TraceRow
+from twin.cluster import TwinCluster
+from twin.config import TwinConfig
+from twin.report import build_report
+from twin.timing import load_timing, policy_cost_model
+
+
+@lru_cache(maxsize=8)
+def believed_cost_model(profile: str, block_size: int) -> CostModel:
+    """The cost model the policy runs with: fitted from a noise-free profile of the timing."""
+    return policy_cost_model(load_timing(profile), block_size=block_size)
+
+
+def arrivals_from_rows(
+    rows: Sequence[TraceRow], *, block_size: int, speed: float
+) -> list[ev.RequestArrived]:
+    """RequestArrived events of a trace, timed from its first row at replay `speed`.
+
+    The trace's hash ids of full blocks are the block keys: like chained keys, an id names
+    a block together with its whole prefix.
+    """
+    if not rows:
+        return []
+    start_ms = rows[0].timestamp_ms
+    return [
+        ev.RequestArrived(
+            now_s=(row.timestamp_ms - start_ms) / 1000.0 / speed,
+            request_id=f"r{row.line_number}",
+            block_keys=tuple(row.hash_ids[: row.input_length // block_size]),
+            num_input_tokens=row.input_length,
+            num_output_tokens=row.output_length,
+        )
+        for row in rows
+    ]
+
+
+def simulate(
+    config: TwinConfig,
+    rows: Sequence[TraceRow],
+    *,
+    trace_label: str = "",
+    on_progress: Callable[[float], None] | None = None,
+) -> dict[str, Any]:
+    """Run `rows` through a simulated cluster driven by the real policy core."""
+    started_s = time.perf_counter()
+    timing = load_timing(config.profile, noise=config.noise, seed=config.seed)
+    cost = believed_cost_model(config.profile, config.block_size)
+    block_bytes = config.block_size * timing.kv_bytes_per_token
+    capacities = timing.instance
+    dram_blocks = _pick(config.dram_capacity_blocks, capacities.dram_capacity_bytes // block_bytes)
+    ssd_blocks = _pick(config.ssd_capacity_blocks, capacities.ssd_capacity_bytes // block_bytes)
+    decode_tokens = _pick(config.decode_kv_capacity_tokens, capacities.decode_kv_capacity_tokens)
+    cluster = TwinCluster(
+        config,
+        timing,
+        cost,
+        dram_blocks=dram_blocks,
+        ssd_blocks=ssd_blocks,
+        decode_kv_capacity_tokens=decode_tokens,
+    )
+    arrivals = arrivals_from_rows(rows, block_size=config.block_size, speed=config.speed)
+    cluster.run(arrivals, on_progress)
+    _check_conservation(cluster, len(arrivals), dram_blocks, ssd_blocks)
+    if on_progress is not None:
+        on_progress(1.0)
+    decode = list(cluster.decode.values())
+    shards = [instance.shard for instance in cluster.prefill.values()]
+    recorder = cluster.recorder
+    return build_report(
+        config,
+        list(recorder.records.values()),
+        load_t_s=recorder.load_samples_t_s,
+        prefill_load=recorder.prefill_load_samples,
+        decode_load=recorder.decode_load_samples,
+        tbt_steps_s=np.concatenate([np.asarray(d.epoch_step_s) for d in decode]),
+        tbt_tokens=np.concatenate([np.asarray(d.epoch_tokens) for d in decode]),
+        num_replicated_blocks=recorder.num_replicated_blocks,
+        sim_duration_s=cluster.env.now,
+        sim_wall_s=time.perf_counter() - started_s,
+        trace={
+            "label": trace_label,
+            "num_rows": len(rows),
+            "first_line": rows[0].line_number if rows else None,
+            "last_line": rows[-1].line_number if rows else None,
+        },
+        extra={
+            "pool": {
+                "dram_capacity_blocks": dram_blocks,
+                "ssd_capacity_blocks": ssd_blocks,
+                "max_dram_blocks": max(shard.max_dram_blocks for shard in shards),
+                "max_ssd_blocks": max(shard.max_ssd_blocks for shard in shards),
+                "decode_kv_capacity_tokens": decode_tokens,
+            },
+            "policy_cost_model": cost.to_profile(),
+            "timing": timing.name,
+        },
+    )
+
+
+def _pick(setting: int | None, default: int) -> int:
+    return int(default) if setting is None else setting
+
+
+def _check_conservation(
+    cluster: TwinCluster, num_requests: int, dram_blocks: int, ssd_blocks: int
+) -> None:
+    """The invariants every run must keep; breaking one is a bug in the twin or the policy."""
+    recorder = cluster.recorder
+    if recorder.num_terminal != num_requests:
+        raise RuntimeError(f"{num_requests - recorder.num_terminal} requests never ended")
+    if cluster.core.num_in_flight:
+        raise RuntimeError(f"the core still tracks {cluster.core.num_in_flight} requests")
+    for instance in cluster.prefill.values():
+        shard = instance.shard
+        if shard.max_dram_blocks > dram_blocks or shard.max_ssd_blocks > ssd_blocks:
+            raise RuntimeError(f"{instance.instance_id}'s pool went over its capacity")

@@ -1,0 +1,189 @@
+"""The twin's timing model: the ground truth it executes, separate from the policy's beliefs.
+
+DESIGN.md rule 2: the policy predicts with `backend.policy.CostModel`; the twin executes
+with a `TimingModel` (analytic `RooflineTiming`, interpolated `MeasuredTiming`, optionally
+wrapped in `NoisyTiming`). `policy_cost_model` derives the policy's beliefs from a timing
+model the way a deployment would: by profiling it and fitting the policy's form, so the
+policy's mispredictions in the twin are those of a real deployment.
+"""
+
+import json
+import random
+from importlib import resources
+from pathlib import Path
+from typing import Any, Protocol
+
+from backend.policy import CostModel, LinkModel
+from backend.policy.cost_model import PROFILE_FORMAT, fit_decode, fit_prefill
+from twin.measured import MeasuredTiming
+from twin.profile_fields import InstanceCapacities
+from twin.roofline import RooflineTiming
+
+BUILTIN_PROFILES = {"paper": "paper-llama2-70b-8xa800.json"}
+
+
+class TimingModel(Protocol):
+    """How long work takes on one kind of instance; every duration in seconds."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def kv_bytes_per_token(self) -> int: ...
+    @property
+    def link_bandwidth_bytes_per_s(self) -> float: ...
+    @property
+    def link_latency_s(self) -> float: ...
+    @property
+    def instance(self) -> InstanceCapacities: ...
+
+    def prefill_s(self, input_tokens: int, cached_tokens: int) -> float:
+        """Compute time of a prompt whose first cached_tokens reuse KV (>= 1 token computed)."""
+        ...
+
+    def decode_step_s(self, batch_size: int, context_tokens: int) -> float:
+        """One continuous-batching iteration over a batch holding context_tokens of KV."""
+        ...
+
+    def transfer_s(self, num_bytes: int) -> float:
+        """Latency plus bytes over one link, without queueing (the twin queues transfers)."""
+        ...
+
+    def load_s(self, num_bytes: int, tier: str) -> float:
+        """Reading reused KV from the instance's "dram" or "ssd" tier into its GPUs."""
+        ...
+
+
+class NoisyTiming:
+    """A timing model whose every nonzero duration is scaled by max(0.05, 1 + N(0, std))."""
+
+    def __init__(self, base: TimingModel, relative_std: float, seed: int) -> None:
+        if not 0.0 <= relative_std < 1.0:
+            raise ValueError(f"relative_std must be in [0, 1), got {relative_std}")
+        self.base = base
+        self.relative_std = relative_std
+        self._random = random.Random(seed)
+
+    @property
+    def name(self) -> str:
+        return f"{self.base.name}+noise{self.relative_std:g}"
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return self.base.kv_bytes_per_token
+
+    @property
+    def link_bandwidth_bytes_per_s(self) -> float:
+        return self.base.link_bandwidth_bytes_per_s
+
+    @property
+    def link_latency_s(self) -> float:
+        return self.base.link_latency_s
+
+    @property
+    def instance(self) -> InstanceCapacities:
+        return self.base.instance
+
+    def _noisy(self, seconds: float) -> float:
+        if self.relative_std == 0.0 or seconds == 0.0:
+            return seconds
+        return seconds * max(0.05, 1.0 + self._random.gauss(0.0, self.relative_std))
+
+    def prefill_s(self, input_tokens: int, cached_tokens: int) -> float:
+        return self._noisy(self.base.prefill_s(input_tokens, cached_tokens))
+
+    def decode_step_s(self, batch_size: int, context_tokens: int) -> float:
+        return self._noisy(self.base.decode_step_s(batch_size, context_tokens))
+
+    def transfer_s(self, num_bytes: int) -> float:
+        return self._noisy(self.base.transfer_s(num_bytes))
+
+    def load_s(self, num_bytes: int, tier: str) -> float:
+        return self._noisy(self.base.load_s(num_bytes, tier))
+
+
+def load_timing(profile: str, *, noise: float = 0.0, seed: int = 0) -> TimingModel:
+    """A built-in profile by name ("paper") or a profile JSON file; ValueError in one line."""
+    if profile in BUILTIN_PROFILES:
+        where = f"built-in profile {profile!r}"
+        text = (resources.files("twin") / "profiles" / BUILTIN_PROFILES[profile]).read_text()
+    else:
+        where = f"profile {profile!r}"
+        path = Path(profile)
+        if not path.is_file():
+            raise ValueError(
+                f"{where} is neither a built-in ({', '.join(BUILTIN_PROFILES)}) nor a file"
+            )
+        text = path.read_text()
+    try:
+        timing = timing_from_profile(json.loads(text))
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{where} is not valid JSON: {error}") from None
+    except ValueError as error:
+        raise ValueError(f"{where}: {error}") from None
+    if noise == 0.0:
+        return timing
+    return NoisyTiming(timing, noise, seed)
+
+
+def timing_from_profile(data: Any) -> TimingModel:
+    """RooflineTiming for a profile with a `roofline` section, MeasuredTiming for points."""
+    if not isinstance(data, dict):
+        raise ValueError("must be a JSON object")
+    if data.get("format", PROFILE_FORMAT) != PROFILE_FORMAT:
+        raise ValueError(f"has format {data['format']!r}, expected {PROFILE_FORMAT!r}")
+    if "roofline" in data:
+        return RooflineTiming.from_profile(data)
+    if "prefill_points" in data or "decode_points" in data:
+        return MeasuredTiming.from_profile(data)
+    raise ValueError("has neither a 'roofline' section nor 'prefill_points'/'decode_points'")
+
+
+# The profiling grid: the trace's range (prompts up to 128k tokens, batches up to 128).
+PROFILE_INPUT_TOKENS = (256, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
+PROFILE_CACHED_FRACTIONS = (0.0, 0.25, 0.5, 0.75, 0.9)
+PROFILE_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
+PROFILE_CONTEXT_PER_REQUEST_TOKENS = (1024, 4096, 8192, 16384, 32768)
+
+
+def policy_cost_model(timing: TimingModel, *, block_size: int = 512) -> CostModel:
+    """What the policy believes: the policy's form fitted to a profiling sweep of `timing`.
+
+    Cached prefixes are whole blocks, as in the KV pool; decode points beyond the instance's
+    KV capacity are skipped, as a real profiler could not run them. Noise is stripped first:
+    a deployment profiles with repeated runs and keeps the mean.
+    """
+    while isinstance(timing, NoisyTiming):
+        timing = timing.base
+    if block_size < 1:
+        raise ValueError(f"block_size must be positive, got {block_size}")
+    prefill_points = {
+        (inputs, cached)
+        for inputs in PROFILE_INPUT_TOKENS
+        for fraction in PROFILE_CACHED_FRACTIONS
+        for cached in [int(inputs * fraction) // block_size * block_size]
+    }
+    capacity_tokens = timing.instance.decode_kv_capacity_tokens or float("inf")
+    decode_points = [
+        (batch, batch * per_request)
+        for batch in PROFILE_BATCH_SIZES
+        for per_request in PROFILE_CONTEXT_PER_REQUEST_TOKENS
+    ]
+    feasible = [point for point in decode_points if point[1] <= capacity_tokens]
+    if len(feasible) >= 3:
+        decode_points = feasible
+    return CostModel(
+        prefill=fit_prefill(
+            (inputs, cached, timing.prefill_s(inputs, cached))
+            for inputs, cached in sorted(prefill_points)
+        ),
+        decode=fit_decode(
+            (batch, context, timing.decode_step_s(batch, context))
+            for batch, context in decode_points
+        ),
+        link=LinkModel(
+            bandwidth_bytes_per_s=timing.link_bandwidth_bytes_per_s,
+            latency_s=timing.link_latency_s,
+        ),
+        kv_bytes_per_token=timing.kv_bytes_per_token,
+        name=f"fit-of-{timing.name}",
+    )
