@@ -24,8 +24,10 @@ class TwinConfig:
     rejection: str = "early-predicted"
     threshold: float = 2.0
     eviction: str = "lru"
-    ttft_slo_s: float = 30.0
-    tbt_slo_s: float = 0.1
+    # None: DESIGN.md's rule, 10x the TTFT and 5x the TBT of a lone request of the trace's
+    # mean length on this profile (twin.slo.derive_slos).
+    ttft_slo_s: float | None = None
+    tbt_slo_s: float | None = None
     decode_time_s: float = 20.0
     learn_decode_time: bool = False
     # Replay speed: 2.0 replays the trace's arrivals twice as fast.
@@ -71,21 +73,29 @@ class TwinConfig:
             raise ValueError("prefill_chunk_tokens and block_size must be positive")
         if not self.series_interval_s > 0:
             raise ValueError(f"series_interval_s must be positive, got {self.series_interval_s}")
-        self.policy_config()  # the policy validates its own knobs (SLOs, t_d)
+        self.policy_config()  # the policy validates its own knobs (SLOs set, t_d)
 
     def policy_config(self) -> PolicyConfig:
-        """The PolicyConfig the live Conductor would run with these settings."""
+        """The PolicyConfig the live Conductor would run with these settings.
+
+        SLOs still unset (None) stand at PolicyConfig's defaults here; `simulate` derives
+        them from the profile first.
+        """
+        slos = {}
+        if self.ttft_slo_s is not None:
+            slos["ttft_slo_s"] = self.ttft_slo_s
+        if self.tbt_slo_s is not None:
+            slos["tbt_slo_s"] = self.tbt_slo_s
         return PolicyConfig(
             block_size=self.block_size,
             prefill_scheduler=self.scheduler,  # type: ignore[arg-type]
             kvcache_balancing_threshold=self.threshold,
             rejection_policy=self.rejection,  # type: ignore[arg-type]
             eviction_policy=self.eviction,  # type: ignore[arg-type]
-            ttft_slo_s=self.ttft_slo_s,
-            tbt_slo_s=self.tbt_slo_s,
             decode_time_s=self.decode_time_s,
             learn_decode_time=self.learn_decode_time,
             seed=self.seed,
+            **slos,
         )
 
     def with_changes(self, **changes: Any) -> "TwinConfig":

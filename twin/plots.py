@@ -37,7 +37,7 @@ def ttft_cdf_figure(reports: Mapping[str, dict], max_points: int = 2_000) -> go.
             mode="lines",
             line={"color": _color(index)},
         )
-    slos = {report["config"]["ttft_slo_s"] for report in reports.values()}
+    slos = {report["config"].get("ttft_slo_s") for report in reports.values()} - {None}
     if len(slos) == 1:
         figure.add_vline(x=slos.pop(), line_dash="dot", annotation_text="TTFT SLO")
     figure.update_layout(

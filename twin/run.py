@@ -13,6 +13,7 @@ from backend.traces.loader import TraceRow
 from twin.cluster import TwinCluster
 from twin.config import TwinConfig
 from twin.report import build_report
+from twin.slo import derive_slos
 from twin.timing import load_timing, policy_cost_model
 
 
@@ -56,6 +57,11 @@ def simulate(
     started_s = time.perf_counter()
     timing = load_timing(config.profile, noise=config.noise, seed=config.seed)
     cost = believed_cost_model(config.profile, config.block_size)
+    if config.ttft_slo_s is None or config.tbt_slo_s is None:
+        ttft_slo_s, tbt_slo_s = derive_slos(load_timing(config.profile), rows)
+        config = config.with_changes(
+            ttft_slo_s=config.ttft_slo_s or ttft_slo_s, tbt_slo_s=config.tbt_slo_s or tbt_slo_s
+        )
     block_bytes = config.block_size * timing.kv_bytes_per_token
     capacities = timing.instance
     dram_blocks = _pick(config.dram_capacity_blocks, capacities.dram_capacity_bytes // block_bytes)

@@ -107,10 +107,16 @@ def run_command(
         help="t_d: the uniform decode time early-predicted assumes per request.",
     ),
     ttft_slo: str = typer.Option(
-        f"{_DEFAULT.ttft_slo_s:g}", "--ttft-slo", metavar="SECONDS", help="TTFT SLO."
+        "auto",
+        "--ttft-slo",
+        metavar="SECONDS",
+        help="TTFT SLO; auto: 10x the TTFT of a lone request of the trace's mean length.",
     ),
     tbt_slo: str = typer.Option(
-        f"{_DEFAULT.tbt_slo_s:g}", "--tbt-slo", metavar="SECONDS", help="TBT SLO."
+        "auto",
+        "--tbt-slo",
+        metavar="SECONDS",
+        help="TBT SLO; auto: 5x the TBT of a lone request of the trace's mean length.",
     ),
     eviction: str = typer.Option(
         _DEFAULT.eviction,
@@ -140,8 +146,8 @@ def run_command(
             seed=_integer("--seed", seed),
             noise=_number("--noise", noise),
             decode_time_s=_number("--t-d", decode_time),
-            ttft_slo_s=_number("--ttft-slo", ttft_slo),
-            tbt_slo_s=_number("--tbt-slo", tbt_slo),
+            ttft_slo_s=None if ttft_slo == "auto" else _number("--ttft-slo", ttft_slo),
+            tbt_slo_s=None if tbt_slo == "auto" else _number("--tbt-slo", tbt_slo),
             eviction=eviction,
         )
         rows = _load_rows(trace, minutes)

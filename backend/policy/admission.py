@@ -71,7 +71,10 @@ def admit(policy: str, loads: LoadSnapshot) -> Rejection | None:
         return Rejection(
             reason="tbt_slo",
             stage="admission",
-            message=(f"decode pool overloaded: {what} TBT is {decode_load:.0%} of the SLO"),
+            message=(
+                f"decode pool overloaded: {what} load is {decode_load:.0%} "
+                "(TBT against its SLO, or KV memory)"
+            ),
             retry_after_s=max(1.0, loads.decode_time_s * (decode_load - 1.0)),
         )
     return None

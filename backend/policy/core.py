@@ -17,7 +17,12 @@ from backend.policy.admission import LoadSnapshot, Rejection, admit
 from backend.policy.cluster import DecodeState, PrefillState
 from backend.policy.config import PolicyConfig
 from backend.policy.cost_model import CostModel
-from backend.policy.decode_load import choose_decode, current_ratio, predicted_mean_ratio
+from backend.policy.decode_load import (
+    choose_decode,
+    current_ratio,
+    load_of,
+    predicted_mean_ratio,
+)
 from backend.policy.effects import (
     DispatchDecode,
     DispatchPrefill,
@@ -106,11 +111,12 @@ class ConductorCore:
         return {pid: state.queue_s(now_s) / slo_s for pid, state in self.prefill.items()}
 
     def decode_loads(self) -> dict[str, float]:
-        """Each decode instance's load: predicted TBT of its running batch over the TBT SLO."""
+        """Each decode instance's load: TBT ratio or KV memory share of its running batch."""
         slo_s = self.config.tbt_slo_s
-        cost = self.cost
         return {
-            did: cost.decode_step_time_s(len(s.decoding), s.decoding_context_tokens) / slo_s
+            did: load_of(
+                self.cost, len(s.decoding), s.decoding_context_tokens, slo_s, s.kv_capacity_tokens
+            )
             for did, s in self.decode.items()
         }
 
@@ -156,7 +162,9 @@ class ConductorCore:
         )
         chosen = choice.chosen
         tbt_slo_s = event.tbt_slo_s or config.tbt_slo_s
-        decode_state = choose_decode(self.cost, self.decode.values(), event.num_input_tokens)
+        decode_state = choose_decode(
+            self.cost, self.decode.values(), event.num_input_tokens, tbt_slo_s
+        )
         if apply_admission:
             rejection = self._admit(event, chosen.ttft_s, decode_state, tbt_slo_s)
             if rejection is not None:
@@ -353,7 +361,12 @@ class ConductorCore:
                     continue
                 if self.decode:  # its prefill goes on; its KV will go to another instance
                     admitted = self._requests[request_id]
-                    target = choose_decode(self.cost, self.decode.values(), incoming.context_tokens)
+                    target = choose_decode(
+                        self.cost,
+                        self.decode.values(),
+                        incoming.context_tokens,
+                        self.config.tbt_slo_s,
+                    )
                     target.add_incoming(request_id, incoming.context_tokens, incoming.ready_s)
                     admitted.decode_instance_id = target.instance_id
                 else:

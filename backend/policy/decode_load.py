@@ -1,4 +1,9 @@
-"""Decode load: predicted TBT over the TBT SLO, now, with a request added, or predicted ahead.
+"""Decode load, now, with a request added, or predicted ahead.
+
+A decode instance's load is its predicted TBT over the TBT SLO (DESIGN.md) or, when the
+instance's KV memory is known, the share of that memory its batch fills, whichever is
+higher: a 70B model with grouped-query attention fills its KV memory long before its step
+time reaches a 0.1 s SLO, so a TBT-only load would call a full instance idle.
 
 Also the local check a decode instance runs when a request reaches it (late rejection);
 agents and the twin call `check_decode_arrival` so that check is the same code everywhere.
@@ -15,23 +20,33 @@ def tbt_ratio(cost: CostModel, batch_size: int, context_tokens: int, tbt_slo_s: 
     return cost.decode.step_s(batch_size, context_tokens) / tbt_slo_s
 
 
-def choose_decode(
-    cost: CostModel, states: Iterable[DecodeState], context_tokens: int
-) -> DecodeState:
-    """d*: the instance with the lowest TBT if the request joined it, counting the requests
-    already headed there (first on ties). `states` must not be empty.
+def load_of(
+    cost: CostModel,
+    batch_size: int,
+    context_tokens: int,
+    tbt_slo_s: float,
+    kv_capacity_tokens: int | None,
+) -> float:
+    """max(TBT ratio, KV memory share) of a batch; 1.0 is full."""
+    ratio = cost.decode.step_s(batch_size, context_tokens) / tbt_slo_s
+    if kv_capacity_tokens:
+        ratio = max(ratio, context_tokens / kv_capacity_tokens)
+    return ratio
 
-    Ranking by step time ranks by TBT ratio too: every instance shares the request's SLO.
-    """
-    step_s = cost.decode.step_s
+
+def choose_decode(
+    cost: CostModel, states: Iterable[DecodeState], context_tokens: int, tbt_slo_s: float
+) -> DecodeState:
+    """d*: the instance with the lowest load if the request joined it, counting the requests
+    already headed there (first on ties). `states` must not be empty."""
     best: DecodeState | None = None
-    best_s = 0.0
+    best_load = 0.0
     for state in states:
         batch = len(state.decoding) + len(state.incoming) + 1
         context = state.decoding_context_tokens + state.incoming_context_tokens + context_tokens
-        seconds = step_s(batch, context)
-        if best is None or seconds < best_s:
-            best, best_s = state, seconds
+        load = load_of(cost, batch, context, tbt_slo_s, state.kv_capacity_tokens)
+        if best is None or load < best_load:
+            best, best_load = state, load
     if best is None:
         raise ValueError("no decode instance to choose from")
     return best
@@ -40,10 +55,10 @@ def choose_decode(
 def current_ratio(
     cost: CostModel, state: DecodeState, context_tokens: int, tbt_slo_s: float
 ) -> float:
-    """TBT ratio of the batch running now plus this request (what naive `early` checks)."""
+    """Load of the batch running now plus this request (what naive `early` checks)."""
     batch = len(state.decoding) + 1
     context = state.decoding_context_tokens + context_tokens
-    return tbt_ratio(cost, batch, context, tbt_slo_s)
+    return load_of(cost, batch, context, tbt_slo_s, state.kv_capacity_tokens)
 
 
 def predicted_mean_ratio(
@@ -56,7 +71,7 @@ def predicted_mean_ratio(
     decode_time_s: float,
     tbt_slo_s: float,
 ) -> float:
-    """Mean TBT ratio over decode instances at `at_s`, when this request's prefill ends.
+    """Mean load over decode instances at `at_s`, when this request's prefill ends.
 
     Adds the requests now in prefill that will be ready by then, removes decoding requests
     whose elapsed decode time will exceed the uniform decode time `decode_time_s`, and adds
@@ -64,7 +79,7 @@ def predicted_mean_ratio(
     """
     finished_before_s = at_s - decode_time_s
     step_s = cost.decode.step_s
-    total_s = 0.0
+    total = 0.0
     count = 0
     for state in states:
         batch = len(state.decoding)
@@ -82,9 +97,12 @@ def predicted_mean_ratio(
         if state.instance_id == chosen_instance_id:
             batch += 1
             context += context_tokens
-        total_s += step_s(batch, context)
+        load = step_s(batch, context) / tbt_slo_s
+        if state.kv_capacity_tokens:
+            load = max(load, context / state.kv_capacity_tokens)
+        total += load
         count += 1
-    return total_s / count / tbt_slo_s if count else 0.0
+    return total / count if count else 0.0
 
 
 def check_decode_arrival(

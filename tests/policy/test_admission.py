@@ -152,3 +152,18 @@ def test_predicted_keeps_requests_that_will_still_be_decoding() -> None:
 
     (predicted,) = probe("early-predicted", ten_recent)
     assert isinstance(predicted, Reject) and predicted.reason == "tbt_slo"
+
+
+def test_a_decode_instance_with_full_kv_memory_counts_as_loaded() -> None:
+    # TBT stays far under the SLO, but D1's 1,000 tokens of KV memory are taken.
+    from backend.policy import AgentJoined
+
+    core = make_core(config("none"), linear_cost(decode=DECODE), decode=())
+    core.handle(AgentJoined(0.0, "D1", "decode", kv_capacity_tokens=1000))
+    for n in range(9):
+        run_to_decode(core, f"r{n}", 99.0)
+    assert core.decode_loads()["D1"] == pytest.approx(0.9)  # 9 x 100 tokens of 1,000
+    for policy in ("early", "early-predicted"):
+        core.reconfigure(config(policy))
+        (verdict,) = core.handle(RequestArrived(100.0, f"probe-{policy}", (), 200, 10))
+        assert isinstance(verdict, Reject) and "KV memory" in verdict.message

@@ -49,7 +49,7 @@ def fake_report(
     **metrics: object,
 ) -> dict:
     """A report of `config` with one request per TTFT (None: rejected at admission)."""
-    config = config or TwinConfig()
+    config = config or TwinConfig(ttft_slo_s=30.0, tbt_slo_s=0.1)  # as simulate resolves them
     requests = [
         {
             "id": f"r{index}",

@@ -106,8 +106,13 @@ def test_what_if_runs_both_configs_on_the_same_arrivals(shipped_trace):
     result = compare(baseline, candidate, rows, workers=2, trace_label="2min")
 
     reports = result["reports"]
-    assert reports["baseline"]["config"] == baseline.to_dict()
-    assert reports["candidate"]["config"] == candidate.to_dict()
+    # Reports show the SLOs the run used: derived from the profile, the same for both.
+    slos = {"ttft_slo_s": None, "tbt_slo_s": None}
+    assert {**reports["baseline"]["config"], **slos} == baseline.to_dict()
+    assert {**reports["candidate"]["config"], **slos} == candidate.to_dict()
+    assert (
+        reports["baseline"]["config"]["ttft_slo_s"] == reports["candidate"]["config"]["ttft_slo_s"]
+    )
     assert result["changed_settings"] == {
         "scheduler": {"baseline": "random", "candidate": "kvcache-centric"}
     }
