@@ -128,7 +128,13 @@ class TwinCluster:
         while not self._all_done.triggered:
             prefill_loads = self.core.prefill_loads(env.now)
             prefill_load = sum(prefill_loads.values()) / len(prefill_loads)
-            decode_load = sum(d.step_s for d in decode) / len(decode) / tbt_slo_s
+            # As the policy defines it: TBT over its SLO or KV memory share, the higher.
+            decode_load = sum(
+                max(d.step_s / tbt_slo_s, d.context_tokens / d.kv_capacity_tokens)
+                if d.kv_capacity_tokens
+                else d.step_s / tbt_slo_s
+                for d in decode
+            ) / len(decode)
             self.recorder.sample_loads(env.now, prefill_load, decode_load)
             yield env.timeout(self.config.series_interval_s / SAMPLES_PER_WINDOW)
 

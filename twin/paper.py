@@ -35,6 +35,8 @@ OVERLOAD_SPEED = 2.0
 SPEEDS = (1.0, 2.0, 3.0, 4.0, 5.0)
 SPLITS = ((4, 12), (6, 10), (8, 8), (10, 6), (12, 4))
 SPLIT_SPEEDS = (1.0, 2.0)
+# Where decode, not prefill, binds on this profile: few decode instances, heavy replay.
+DECODE_BOUND = {"num_prefill": 14, "num_decode": 2, "speed": 4.0}
 CACHE_POLICIES = ("lru", "lfu", "length-aware")
 CACHE_CAPACITIES = (1_000, 5_000, 10_000, 20_000, 30_000, 50_000, 100_000, None)
 
@@ -72,6 +74,7 @@ def paper_experiments(base: TwinConfig | None = None) -> dict[str, list[TwinConf
         "schedulers": expand_grid(no_rejection, schedulers=SCHEDULERS),
         "overload": expand_grid(base, rejections=REJECTIONS, speeds=SPEEDS),
         "splits": expand_grid(base, splits=SPLITS, speeds=SPLIT_SPEEDS),
+        "decode_bound": expand_grid(base.with_changes(**DECODE_BOUND), rejections=REJECTIONS),
     }
 
 
@@ -108,7 +111,8 @@ def run_paper(
     }
     write_outputs(summary, runs, out_dir)
     doc_path.parent.mkdir(parents=True, exist_ok=True)
-    doc_path.write_text(render_doc(summary, out_dir, doc_path), encoding="utf-8")
+    account = load_account(doc_path.with_name("paper-account.md"))
+    doc_path.write_text(render_doc(summary, out_dir, doc_path, account), encoding="utf-8")
     return summary
 
 
@@ -135,7 +139,7 @@ def cache_hit_ratios(
 def write_outputs(summary: dict, runs: dict[str, list[dict]], out_dir: Path) -> list[Path]:
     """Tables as CSV/JSON, paper.json, reports.json (no per-request rows) and the HTML pages."""
     paths = []
-    for name in ("schedulers", "overload", "splits", "cache"):
+    for name in ("schedulers", "overload", "splits", "cache", "decode_bound"):
         paths += write_results(summary[name], out_dir, stem=name)
     paths.append(out_dir / "paper.json")
     paths[-1].write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n", "utf-8")
@@ -150,6 +154,7 @@ def write_outputs(summary: dict, runs: dict[str, list[dict]], out_dir: Path) -> 
 def _pages(summary: dict, runs: dict[str, list[dict]]) -> dict:
     schedulers = {r["config"]["scheduler"]: r for r in runs["schedulers"]}
     at_2x = {r["config"]["rejection"]: r for r in runs["overload"] if r["config"]["speed"] == 2.0}
+    bound = {r["config"]["rejection"]: r for r in runs["decode_bound"]}
     paper_cache = [
         {"policy": f"{p} (paper)", "capacity_blocks": c, "hit_ratio": ratio}
         for p, ratios in PAPER_HIT_RATIO.items()
@@ -180,6 +185,16 @@ def _pages(summary: dict, runs: dict[str, list[dict]]) -> dict:
                 ),
             },
         ),
+        "decode_bound": (
+            "(b') rejection policies where decode binds: 14P+2D at 4x",
+            {
+                **{
+                    f"load-{p}": load_figure({p: r}, title=f"Pool load, {p}, 14P+2D, 4x")
+                    for p, r in bound.items()
+                },
+                "rejections": rejections_figure(bound),
+            },
+        ),
         "splits": (
             "(d) P:D split at 16 instances",
             {
@@ -203,8 +218,40 @@ def _pages(summary: dict, runs: dict[str, list[dict]]) -> dict:
     }
 
 
-def render_doc(summary: dict, out_dir: Path, doc_path: Path) -> str:
-    """docs/paper-results.md: our tables beside the paper's, links to the pages, placeholders."""
+# The hand-written account fills the placeholders, section by section, in this order.
+ACCOUNT_KEYS = ("a", "b", "b'", "c", "d", "e", "differences")
+
+
+def load_account(path: Path) -> dict[str, str]:
+    """Sections of the hand-written account: '## KEY' headings, KEY one of ACCOUNT_KEYS."""
+    if not path.is_file():
+        return {}
+    sections: dict[str, list[str]] = {}
+    key = None
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.startswith("## "):
+            key = line[3:].split()[0]
+            sections[key] = []
+        elif key is not None:
+            sections[key].append(line)
+    return {k: "\n".join(lines).strip() for k, lines in sections.items()}
+
+
+def render_doc(
+    summary: dict, out_dir: Path, doc_path: Path, account: dict[str, str] | None = None
+) -> str:
+    """docs/paper-results.md: our tables beside the paper's, links to the pages, and the
+    hand-written account (docs/paper-account.md) where it has a section, else a placeholder."""
+    text = _render_tables(summary, out_dir, doc_path)
+    lines = text.split("\n")
+    placeholders = [n for n, line in enumerate(lines) if line.startswith("> **[PLACEHOLDER")]
+    for key, number in zip(ACCOUNT_KEYS, placeholders, strict=False):
+        if account and account.get(key):
+            lines[number] = account[key]
+    return "\n".join(lines)
+
+
+def _render_tables(summary: dict, out_dir: Path, doc_path: Path) -> str:
     link = _relative_dir(out_dir, doc_path)
     trace = summary["trace"]
     return "\n".join(
@@ -212,8 +259,9 @@ def render_doc(summary: dict, out_dir: Path, doc_path: Path) -> str:
             "# kvcentric twin vs the Mooncake paper",
             "",
             "Generated by `kvcentric twin paper`: the tables are written by that command, "
-            "do not edit them by hand; its tables, plots and reports are in "
-            f"[`{link}/`]({link}/). Trace: "
+            "do not edit them by hand; its tables are in "
+            f"[`{link}/`]({link}/) (the interactive plots and full reports are not committed: "
+            f"`kvcentric twin paper --out {out_dir}` writes them there). Trace: "
             f"`{trace['file']}`, {trace['num_rows']:,} requests. Every run uses the twin "
             "defaults (`TwinConfig()`) except the settings its section names; nothing was "
             "tuned towards the paper. The paper's figures come from its own trace (about "
@@ -224,6 +272,7 @@ def render_doc(summary: dict, out_dir: Path, doc_path: Path) -> str:
             "",
             *_schedulers_section(summary["schedulers"], link),
             *_overload_section(summary["overload"], link),
+            *_decode_bound_section(summary["decode_bound"], link),
             *_cache_section(summary["cache"], link),
             *_splits_section(summary["splits"], link),
             *_speeds_section(summary["overload"], link),
@@ -327,6 +376,36 @@ def _overload_section(table: list[dict], link: str) -> list[str]:
             what="the rejection counts against Table 3, and whether the load plots show "
             "early's anti-phase oscillation and its damping under early-predicted"
         ),
+        "",
+    ]
+
+
+def _decode_bound_section(table: list[dict], link: str) -> list[str]:
+    columns = [
+        ("policy", "rejection", None),
+        ("rejected", "num_rejected", None),
+        ("at admission", "num_rejected_admission", None),
+        ("at decode", "num_rejected_decode", None),
+        ("wasted prefill s", "wasted_prefill_s", 1),
+        ("goodput req/s", "goodput_rps", 3),
+        ("P90 TTFT s", "ttft_p90_s", 2),
+        ("P90 TBT s", "tbt_p90_s", 3),
+        ("prefill load amplitude", "prefill_load_amplitude", 3),
+        ("prefill load period s", "prefill_load_period_s", 0),
+        ("decode load amplitude", "decode_load_amplitude", 3),
+        ("decode load period s", "decode_load_period_s", 0),
+    ]
+    setting = ", ".join(f"{key}={value:g}" for key, value in DECODE_BOUND.items())
+    return [
+        "## (b') Rejection policies where decode binds",
+        "",
+        f"Not in the paper: the same three policies with {setting}, kvcache-centric, so that "
+        "decode, not prefill, is the scarce pool. Load series: "
+        f"[decode_bound.html]({link}/decode_bound.html).",
+        "",
+        *_md_table(table, columns),
+        "",
+        PLACEHOLDER.format(what="what the decode-bound runs show"),
         "",
     ]
 

@@ -133,3 +133,27 @@ def policy(
     shown["baseline decisions_per_s"] = baseline.decisions_per_s
     shown["baseline p99_us"] = baseline.p99_us
     _print_table(f"policy replay of {trace.name}", shown)
+
+
+@bench_app.command("twin")
+def twin_speed(
+    trace: Path = typer.Option(
+        SHIPPED_TRACE, "--trace", exists=True, dir_okay=False, help="Mooncake-format JSONL trace."
+    ),
+    num_prefill: int = typer.Option(8, "--prefill", min=1, help="Prefill instances."),
+    num_decode: int = typer.Option(8, "--decode", min=1, help="Decode instances."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
+) -> None:
+    """Wall time of a whole-trace twin run (paper profile), and how much faster than real
+    time it is, against the policy-only replay of the same trace."""
+    from backend.bench.twin_speed import measure_twin_speed  # the twin loads SimPy
+
+    try:
+        result = measure_twin_speed(trace, num_prefill=num_prefill, num_decode=num_decode)
+    except (TraceError, ValueError) as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(2) from None
+    if as_json:
+        typer.echo(json.dumps(asdict(result)))
+    else:
+        _print_table("twin speed", asdict(result))

@@ -76,3 +76,17 @@ def test_small_shards_evict_and_the_index_stays_exact(shipped_trace: Path) -> No
         assert core.index.num_blocks(instance_id) == len(worker.cache)
         for key in all_keys:
             assert (key in worker.cache) == (core.index.tier_of(instance_id, key) is not None)
+
+
+def test_twin_speed_benchmark_runs_on_a_short_trace(shipped_trace, tmp_path) -> None:
+    trace = tmp_path / "short.jsonl"
+    with open(shipped_trace) as lines:
+        trace.write_text("".join(line for _, line in zip(range(200), lines, strict=False)))
+    result = CliRunner().invoke(
+        app, ["bench", "twin", "--trace", str(trace), "--prefill", "2", "--decode", "2", "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    figures = json.loads(result.stdout)
+    assert figures["num_requests"] == 200
+    assert figures["num_completed"] + figures["num_rejected"] == 200
+    assert figures["faster_than_real_time"] > 0 and figures["ratio_to_policy_replay"] > 0

@@ -10,6 +10,7 @@ from twin.paper import (
     CACHE_CAPACITIES,
     CACHE_POLICIES,
     PLACEHOLDER,
+    load_account,
     paper_experiments,
     render_doc,
     run_paper,
@@ -61,6 +62,10 @@ def fake_summary() -> dict:
             for speed in (1.0, 2.0, 3.0, 4.0, 5.0)
         ],
         "splits": [row(split="8:8", speed=1.0, ttft_mean_s=1.0, num_rejected=0)],
+        "decode_bound": [
+            row(rejection=name, num_rejected=n)
+            for name, n in (("baseline", 9), ("early", 8), ("early-predicted", 6))
+        ],
         "cache": [
             {"policy": policy, "capacity_blocks": capacity, "hit_ratio": 0.123}
             for policy in CACHE_POLICIES
@@ -80,8 +85,18 @@ def test_doc_puts_our_numbers_beside_the_papers_and_says_what_differs(tmp_path):
     assert "ours random > cache-aware > load-balancing > kvcache-centric" in doc
     assert "(a different order)" in doc
     assert "ours baseline = early = early-predicted; paper baseline > early" in doc
-    assert doc.count(PLACEHOLDER.split("{")[0]) == 6
+    assert doc.count(PLACEHOLDER.split("{")[0]) == 7
     assert "[schedulers.html](../out/schedulers.html)" in doc
+    assert "| early-predicted | 6 |" in doc  # the decode-bound table
+
+
+def test_the_hand_written_account_fills_its_sections(tmp_path):
+    account_file = tmp_path / "paper-account.md"
+    account_file.write_text("## a\nSchedulers explained.\n\n## differences\nAll of them.\n")
+    account = load_account(account_file)
+    doc = render_doc(fake_summary(), tmp_path / "out", tmp_path / "results.md", account)
+    assert "Schedulers explained." in doc and "All of them." in doc
+    assert doc.count(PLACEHOLDER.split("{")[0]) == 5  # b, b', c, d, e still open
 
 
 def test_a_whole_run_writes_every_table_page_and_the_doc(shipped_trace, tmp_path):
