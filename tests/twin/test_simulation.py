@@ -122,3 +122,15 @@ def test_one_instance_without_transfers_hits_exactly_like_cache_sim(shipped_trac
     assert report["num_completed"] == len(rows)
     assert expected["evictions"] > 0 and expected["hits"] > 0
     assert report["block_hit_ratio"] == expected["hit_ratio"]
+
+
+def test_chunked_pipeline_groups_cut_the_ttft_of_long_prompts(shipped_trace) -> None:
+    # Long prompts one at a time: on a group of 2 instances a prompt of C chunks takes
+    # (C + 1) / (2 C) of its single-instance time; short prompts would not use the group.
+    long_rows = [row for row in load_trace(shipped_trace) if row.input_length > 64_000][:20]
+    rows = [replace(row, timestamp_ms=120_000 * n) for n, row in enumerate(long_rows)]
+    alone = TwinConfig(num_prefill=2, num_decode=1, rejection="none", prefill_chunk_tokens=8192)
+    piped = alone.with_changes(pipeline_group=2)
+    ttft_alone = simulate(alone, rows)["ttft_mean_s"]
+    ttft_piped = simulate(piped, rows)["ttft_mean_s"]
+    assert 0.45 * ttft_alone < ttft_piped < 0.65 * ttft_alone
