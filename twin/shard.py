@@ -62,14 +62,20 @@ class PoolShard:
         """Store a prompt's blocks in DRAM (promoting any on SSD); demote or drop victims."""
         events: list[KvEvent] = []
         ssd = self.ssd
+        promoted: list[int] = []
         if ssd is not None:
-            promoted = [key for key in keys if key in ssd]
-            for key in promoted:
-                ssd.remove(key)
+            promoted = [key for key in keys if key in ssd and ssd.remove(key)]
+            # A block pinned on SSD stays there (and stays held): it is not copied to DRAM.
+            keys = [key for key in keys if key not in ssd]
         depth = self._depth
         for position, key in enumerate(keys):
             depth[key] = position
         inserted = self.dram.insert_blocks(keys, now_s)
+        lost = [key for key in promoted if key not in self.dram]
+        if lost:  # taken off SSD to promote, but DRAM had no unpinned room for it
+            events.append(KvEvicted(now_s, self.instance_id, tuple(lost)))
+            for key in lost:
+                depth.pop(key, None)
         self._check_unpinned(self.dram, inserted.evicted)
         if inserted.evicted:
             if ssd is None:
