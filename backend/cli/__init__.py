@@ -2,6 +2,7 @@
 
 import typer
 
+from backend.cli import bench_agents_cmd  # noqa: F401  (adds the agents' benchmarks)
 from backend.cli.bench_cmd import bench_app
 from backend.cli.trace_cmd import trace_app
 from backend.cli.twin_cmd import twin_app

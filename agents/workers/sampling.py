@@ -1,0 +1,54 @@
+"""Token sampling: greedy, or seeded temperature / top-k sampling with one generator per request."""
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """temperature 0 is greedy; otherwise sample from softmax(logits / temperature)."""
+
+    temperature: float = 0.0
+    top_k: int = 0  # 0 keeps the whole vocabulary
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.temperature >= 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0
+
+    def generator(self) -> torch.Generator | None:
+        """A CPU generator seeded with `seed`, or None when greedy."""
+        if self.is_greedy:
+            return None
+        generator = torch.Generator()
+        generator.manual_seed(self.seed)
+        return generator
+
+
+GREEDY = SamplingParams()
+
+
+def sample(
+    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None
+) -> int:
+    """One token id from fp32 logits [vocab].
+
+    Sampling draws on the CPU so a seed gives the same tokens on any device.
+    """
+    if params.is_greedy:
+        return int(torch.argmax(logits))
+    if generator is None:
+        raise ValueError("sampling with temperature > 0 needs the request's seeded generator")
+    scaled = logits.float().cpu() / params.temperature
+    if params.top_k:
+        kept = torch.topk(scaled, min(params.top_k, scaled.numel()))
+        choice = torch.multinomial(torch.softmax(kept.values, -1), 1, generator=generator)
+        return int(kept.indices[choice])
+    return int(torch.multinomial(torch.softmax(scaled, -1), 1, generator=generator))
