@@ -79,3 +79,21 @@ def pool(
     from agents.pool.bench import bench_pool
 
     _report("pool shard", bench_pool(block_bytes, ssd_root=ssd_root), as_json)
+
+
+@bench_app.command("transport")
+def transport(
+    num_blocks: int = typer.Option(64, "--blocks", min=1, help="Blocks per batch."),
+    block_bytes: int = typer.Option(1 << 20, "--block-bytes", min=1, help="Bytes per block."),
+    repeats: int = typer.Option(5, "--repeat", min=1, help="Repeats; figures are medians."),
+    as_json: bool = _json_option(),
+) -> None:
+    """Move a batch of KV blocks between two processes on loopback: our TCP transport, a
+    plain socket sendall/recv_into loop (the baseline) and Mooncake when installed.
+    ours_gbps, socket_gbps, mooncake_gbps are gigabits per second; ratio = ours / socket."""
+    from dataclasses import asdict
+
+    from agents.transport.bench import run_transport_bench
+
+    result = run_transport_bench(num_blocks, block_bytes, repeats)
+    _report("KV data plane", asdict(result), as_json)
