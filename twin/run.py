@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from backend.policy import events as ev
 from backend.policy.cost_model import CostModel
+from backend.traces.arrivals import arrivals_from_rows
 from backend.traces.loader import TraceRow
 from twin.cluster import TwinCluster
 from twin.config import TwinConfig
@@ -21,29 +21,6 @@ from twin.timing import load_timing, policy_cost_model
 def believed_cost_model(profile: str, block_size: int) -> CostModel:
     """The cost model the policy runs with: fitted from a noise-free profile of the timing."""
     return policy_cost_model(load_timing(profile), block_size=block_size)
-
-
-def arrivals_from_rows(
-    rows: Sequence[TraceRow], *, block_size: int, speed: float
-) -> list[ev.RequestArrived]:
-    """RequestArrived events of a trace, timed from its first row at replay `speed`.
-
-    The trace's hash ids of full blocks are the block keys: like chained keys, an id names
-    a block together with its whole prefix.
-    """
-    if not rows:
-        return []
-    start_ms = rows[0].timestamp_ms
-    return [
-        ev.RequestArrived(
-            now_s=(row.timestamp_ms - start_ms) / 1000.0 / speed,
-            request_id=f"r{row.line_number}",
-            block_keys=tuple(row.hash_ids[: row.input_length // block_size]),
-            num_input_tokens=row.input_length,
-            num_output_tokens=row.output_length,
-        )
-        for row in rows
-    ]
 
 
 def simulate(

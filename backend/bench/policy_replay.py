@@ -25,6 +25,7 @@ from backend.policy.core import ConductorCore
 from backend.policy.cost_model import CostModel
 from backend.policy.decode_load import check_decode_arrival
 from backend.policy.effects import DispatchDecode, DispatchPrefill, Effect, Reject, Replicate
+from backend.traces.arrivals import arrivals_from_rows
 from backend.traces.loader import TraceRow
 
 DEFAULT_CACHE_CAPACITY_BLOCKS = 100_000
@@ -88,20 +89,6 @@ class _DecodeWorker:
     instance_id: str
     batch: dict[str, int] = field(default_factory=dict)
     context_tokens: int = 0
-
-
-def arrivals_from_trace(rows: Sequence[TraceRow], block_size: int) -> list[ev.RequestArrived]:
-    """RequestArrived events of `rows`; the trace's hash ids of full blocks are the keys."""
-    return [
-        ev.RequestArrived(
-            now_s=row.timestamp_ms / 1000.0,
-            request_id=f"r{row.line_number}",
-            block_keys=tuple(row.hash_ids[: row.input_length // block_size]),
-            num_input_tokens=row.input_length,
-            num_output_tokens=row.output_length,
-        )
-        for row in rows
-    ]
 
 
 class PolicyReplay:
@@ -333,4 +320,4 @@ def replay_trace(
         num_decode_instances=num_decode_instances,
         cache_capacity_blocks=cache_capacity_blocks,
     )
-    return replay.run(arrivals_from_trace(rows, block_size), on_progress)
+    return replay.run(arrivals_from_rows(rows, block_size=block_size), on_progress)

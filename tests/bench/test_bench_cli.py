@@ -9,9 +9,10 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from backend.bench.policy_replay import PolicyReplay, arrivals_from_trace
+from backend.bench.policy_replay import PolicyReplay
 from backend.cli import app
 from backend.policy import ConductorCore, CostModel, PolicyConfig
+from backend.traces.arrivals import arrivals_from_rows
 from backend.traces.loader import iter_trace
 
 runner = CliRunner()
@@ -68,7 +69,7 @@ def test_small_shards_evict_and_the_index_stays_exact(shipped_trace: Path) -> No
     replay = PolicyReplay(
         core, num_prefill_instances=2, num_decode_instances=2, cache_capacity_blocks=64
     )
-    result = replay.run(arrivals_from_trace(rows, 512))
+    result = replay.run(arrivals_from_rows(rows, block_size=512))
     assert result.is_drained
     all_keys = {key for row in rows for key in row.hash_ids}
     for instance_id, worker in replay.prefill.items():
