@@ -3,7 +3,9 @@
 import typer
 
 from backend.cli import bench_agents_cmd  # noqa: F401  (adds the agents' benchmarks)
+from backend.cli.agent_cmd import agent_command
 from backend.cli.bench_cmd import bench_app
+from backend.cli.profile_cmd import profile
 from backend.cli.trace_cmd import trace_app
 from backend.cli.twin_cmd import twin_app
 
@@ -17,6 +19,8 @@ app = typer.Typer(
 app.add_typer(trace_app, name="trace")
 app.add_typer(bench_app, name="bench")
 app.add_typer(twin_app, name="twin")
+app.command("agent")(agent_command)
+app.command("profile")(profile)
 
 
 def main() -> None:

@@ -1,0 +1,72 @@
+"""The decode worker's thread: continuous batching steps, and one token stream per request.
+
+The DecodeWorker is not thread safe; one condition guards it. `submit` registers the
+request's stream before the worker sees the request, so tokens and the terminal outcome
+(a rejection included) always reach it.
+"""
+
+import queue
+import threading
+import time
+
+from agents.workers import DecodeOutcome, DecodeRequest, DecodeWorker
+
+Stream = queue.Queue[int | DecodeOutcome]
+
+
+class DecodeLoop:
+    """Steps `worker` on a daemon thread while it has requests."""
+
+    def __init__(self, worker: DecodeWorker) -> None:
+        self.worker = worker
+        worker.on_token = self._on_token
+        worker.on_finish = self._on_finish
+        self.last_step_s = 0.0
+        self._streams: dict[str, Stream] = {}
+        self._cond = threading.Condition()
+        self._stopped = False
+        self._thread = threading.Thread(target=self._run, name="decode-loop", daemon=True)
+        self._thread.start()
+
+    def submit(self, request: DecodeRequest) -> Stream:
+        """The request's stream: ints (tokens) then one DecodeOutcome."""
+        stream: Stream = queue.Queue()
+        with self._cond:
+            self._streams[request.request_id] = stream
+            try:
+                self.worker.submit(request)
+            except BaseException:
+                self._streams.pop(request.request_id, None)
+                raise
+            self._cond.notify()
+        return stream
+
+    def load(self) -> tuple[int, int]:
+        """(batch size, context tokens) now."""
+        with self._cond:
+            return self.worker.batch_size, self.worker.context_tokens
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify()
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while self.worker.is_idle and not self._stopped:
+                    self._cond.wait()
+                if self._stopped:
+                    return
+                started_s = time.perf_counter()
+                self.worker.step()
+                self.last_step_s = time.perf_counter() - started_s
+
+    def _on_token(self, request_id: str, token: int) -> None:
+        self._streams[request_id].put(token)
+
+    def _on_finish(self, outcome: DecodeOutcome) -> None:
+        stream = self._streams.pop(outcome.request_id, None)
+        if stream is not None:
+            stream.put(outcome)

@@ -1,0 +1,59 @@
+"""Serving an agent until SIGTERM: bind the control API to --listen only, then drain."""
+
+import logging
+import signal
+import sys
+import threading
+from concurrent import futures
+
+import grpc
+
+from agents.node.node import NodeAgent
+from agents.node.service import AgentService, SecretInterceptor
+from agents.node.settings import AgentSettings
+from backend.rpc import agent_pb2_grpc as pb_grpc
+
+logger = logging.getLogger(__name__)
+
+DRAIN_TIMEOUT_S = 30.0
+
+
+def serve(settings: AgentSettings) -> int:
+    """Run the agent; prints one 'ready' line with both addresses; returns the exit code."""
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="agent-rpc"),
+        interceptors=[SecretInterceptor(settings.secret)],
+        options=[("grpc.so_reuseport", 0)],
+    )
+    host, _, _ = settings.listen.rpartition(":")
+    port = server.add_insecure_port(settings.listen)  # raises when it cannot bind
+    control_address = f"{host}:{port}"
+    instance_id = settings.instance_id or f"{settings.role}@{control_address}"
+    agent = NodeAgent(settings, instance_id)
+    pb_grpc.add_AgentServicer_to_server(AgentService(agent, control_address), server)
+    server.start()
+    if settings.conductor:
+        # No Conductor service exists yet: whoever drives the agent pulls GetState.
+        logger.info("conductor %s noted; heartbeats are pulled with GetState", settings.conductor)
+    print(
+        f"kvcentric agent ready: id={instance_id} role={settings.role} "
+        f"control={control_address} data={agent.data_address}",
+        flush=True,
+    )
+    stop.wait()
+    logger.info("agent %s: stopping; draining in-flight work", instance_id)
+    drained, left = agent.drain(DRAIN_TIMEOUT_S)
+    if not drained:
+        logger.warning("agent %s: %d call(s) still in flight after drain", instance_id, left)
+    server.stop(grace=5).wait()
+    agent.close()
+    print(f"kvcentric agent {instance_id} stopped", flush=True)
+    return 0
+
+
+def main(settings: AgentSettings) -> None:
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(message)s")
+    sys.exit(serve(settings))

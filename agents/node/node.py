@@ -1,0 +1,359 @@
+"""NodeAgent: one node's model, workers, pool shard and data plane, and what it does on
+each control call. No gRPC here: `service` converts the wire messages.
+"""
+
+import json
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from agents.model import build_model
+from agents.model.kv_blocks import block_to_bytes
+from agents.node import prefix as prefixes
+from agents.node.decode_loop import DecodeLoop, Stream
+from agents.node.handoff import HandoffInbox, blocks_as_tensors, push_kv
+from agents.node.prefix import PlanError
+from agents.node.settings import AgentRole, AgentSettings
+from agents.pool import KvEvent, KvPoolShard, ShardStats
+from agents.transport import SourceBatch, TransportError, make_transport
+from agents.workers import (
+    BlockSource,
+    DecodeRequest,
+    DecodeWorker,
+    PrefillWorker,
+    SamplingParams,
+    sample,
+)
+from backend.policy.blocks import block_keys
+from backend.policy.cost_model import CostModel
+from backend.policy.effects import CachePlan
+
+DispatchError = PlanError
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillOutcome:
+    request_id: str
+    first_token: int
+    num_tokens: int
+    num_reused_tokens: int
+    num_fetched_tokens: int
+    recomputed_keys: tuple[int, ...]
+    stored_keys: tuple[int, ...]
+    events: tuple[KvEvent, ...]
+    timings: dict[str, float]
+    handed_off: bool
+    logits: torch.Tensor | None
+
+
+class NodeAgent:
+    """The parts of one agent; every public method is safe to call from gRPC threads."""
+
+    def __init__(self, settings: AgentSettings, instance_id: str) -> None:
+        self.settings = settings
+        self.instance_id = instance_id
+        self.role: AgentRole = settings.role
+        self.model = build_model(settings.preset, seed=settings.seed)
+        self.block_size = settings.block_size
+        block_bytes = self.model.config.block_bytes(self.block_size, self.model.kv_dtype_bytes)
+        self.shard = KvPoolShard(
+            instance_id,
+            block_bytes=block_bytes,
+            dram_capacity_bytes=settings.dram_bytes,
+            ssd_dir=settings.ssd_dir,
+            ssd_capacity_bytes=settings.ssd_bytes,
+        )
+        self.cost_model = (
+            CostModel.from_profile(json.loads(settings.profile.read_text()))
+            if settings.profile is not None
+            else None
+        )
+        self.prefill_worker = PrefillWorker(self.model, self.block_size)
+        self.decode = DecodeLoop(
+            DecodeWorker(
+                self.model,
+                cost_model=self.cost_model if settings.tbt_slo_s is not None else None,
+                tbt_slo_s=settings.tbt_slo_s,
+                max_batch_size=settings.max_batch_size,
+            )
+        )
+        self.inbox = HandoffInbox(self.model, self.block_size)
+        self.transport = make_transport(
+            settings.transport, secret=settings.secret, source=self._serve, sink=self.inbox.put
+        )
+        self.data_address = self.transport.start(settings.data_listen)
+        self._prefill_lock = threading.Lock()  # one prefill at a time
+        self._state = threading.Condition()  # guards the counters and events below
+        self._events: list[KvEvent] = []
+        self._num_in_flight = 0
+        self._num_prefill_queued = 0
+        self._num_prefill_running = 0
+        self._queued_tokens = 0
+        self.draining = False
+
+    # -- admission of calls ------------------------------------------------------------
+    def _enter(self, role: AgentRole | None) -> None:
+        with self._state:
+            if self.draining:
+                raise PlanError("UNAVAILABLE", f"agent {self.instance_id} is draining")
+            if role is not None and self.role != role:
+                raise PlanError(
+                    "FAILED_PRECONDITION", f"agent {self.instance_id} is a {self.role} agent"
+                )
+            self._num_in_flight += 1
+
+    def _leave(self) -> None:
+        with self._state:
+            self._num_in_flight -= 1
+            self._state.notify_all()
+
+    def _record(self, events: Sequence[KvEvent]) -> None:
+        with self._state:
+            self._events.extend(events)
+
+    # -- prefill -------------------------------------------------------------------------
+    def prefill(
+        self,
+        request_id: str,
+        token_ids: Sequence[int],
+        plan: CachePlan,
+        fetch_address: str | None,
+        *,
+        replicate: bool = False,
+        decode_address: str = "",
+        sampling: SamplingParams = SamplingParams(),
+        return_logits: bool = False,
+    ) -> PrefillOutcome:
+        if not request_id:
+            raise PlanError("INVALID_ARGUMENT", "a request id is required")
+        tokens = np.asarray(token_ids, dtype=np.int64)
+        vocab = self.model.config.vocab_size
+        if tokens.size == 0 or tokens.min() < 0 or tokens.max() >= vocab:
+            raise PlanError("INVALID_ARGUMENT", f"token ids must be non-empty and in [0, {vocab})")
+        self._enter("prefill")
+        try:
+            with self._state:
+                self._num_prefill_queued += 1
+                self._queued_tokens += tokens.size
+            queued_s = time.perf_counter()
+            try:
+                with self._prefill_lock:
+                    with self._state:
+                        self._num_prefill_queued -= 1
+                        self._num_prefill_running += 1
+                    try:
+                        return self._prefill(
+                            request_id, tokens, plan, fetch_address, replicate,
+                            decode_address, sampling, return_logits,
+                            time.perf_counter() - queued_s,
+                        )  # fmt: skip
+                    finally:
+                        with self._state:
+                            self._num_prefill_running -= 1
+            finally:
+                with self._state:
+                    self._queued_tokens -= tokens.size
+        finally:
+            self._leave()
+
+    def _prefill(
+        self,
+        request_id: str,
+        tokens: np.ndarray,
+        plan: CachePlan,
+        fetch_address: str | None,
+        replicate: bool,
+        decode_address: str,
+        sampling: SamplingParams,
+        return_logits: bool,
+        queue_s: float,
+    ) -> PrefillOutcome:
+        started_s = time.perf_counter()
+        now_s = time.time()
+        prompt_keys = block_keys(tokens.astype(np.int32), self.block_size)
+        prefix = prefixes.gather(
+            self.shard, self.transport, plan, fetch_address, prompt_keys, now_s
+        )
+        events = list(prefix.events)
+        try:
+            blocks = blocks_as_tensors(prefix.blocks, self.model, self.block_size)
+            source = BlockSource(blocks) if blocks else None
+            compute_started_s = time.perf_counter()
+            result = self.prefill_worker.prefill(tokens, source=source)
+            compute_s = time.perf_counter() - compute_started_s
+            store_started_s = time.perf_counter()
+            stored: list[int] = []
+            num_local = len(prefix.keys) - prefix.num_fetched
+            if replicate and prefix.num_fetched:
+                fetched_keys = prefix.keys[num_local:]
+                kept = self.shard.store(fetched_keys, prefix.blocks[num_local:], now_s, num_local)
+                events.extend(kept.events)
+                stored.extend(k for k in fetched_keys if k not in kept.refused_keys)
+            if result.new_block_keys:
+                new = self.shard.store(
+                    result.new_block_keys,
+                    [block_to_bytes(block) for block in result.new_blocks],
+                    now_s,
+                    result.num_cached_tokens // self.block_size,
+                )
+                events.extend(new.events)
+                stored.extend(k for k in result.new_block_keys if k not in new.refused_keys)
+            store_s = time.perf_counter() - store_started_s
+        finally:
+            if prefix.pinned:
+                self.shard.unpin(prefix.pinned)
+        self._record(events)
+        first_token = sample(result.logits, sampling, sampling.generator())
+        handoff_started_s = time.perf_counter()
+        if decode_address:
+            try:
+                push_kv(
+                    self.transport, decode_address, request_id, result.paged_kv(self.block_size)
+                )
+            except (TransportError, OSError) as error:
+                message = f"KV hand-off to {decode_address} failed: {error}"
+                raise PlanError("UNAVAILABLE", message) from error
+        handoff_s = time.perf_counter() - handoff_started_s
+        return PrefillOutcome(
+            request_id=request_id,
+            first_token=first_token,
+            num_tokens=result.num_tokens,
+            num_reused_tokens=result.num_cached_tokens,
+            num_fetched_tokens=prefix.num_fetched * self.block_size,
+            recomputed_keys=tuple(prefix.recomputed_keys),
+            stored_keys=tuple(dict.fromkeys(stored)),
+            events=tuple(events),
+            timings={
+                "queue_s": queue_s,
+                "load_s": prefix.load_s,
+                "fetch_s": prefix.fetch_s,
+                "compute_s": compute_s,
+                "load_wait_s": result.timings.load_wait_s,
+                "store_wait_s": result.timings.store_wait_s,
+                "store_s": store_s,
+                "handoff_s": handoff_s,
+                "total_s": queue_s + time.perf_counter() - started_s,
+            },
+            handed_off=bool(decode_address),
+            logits=result.logits if return_logits else None,
+        )
+
+    # -- decode --------------------------------------------------------------------------
+    def start_decode(
+        self,
+        request_id: str,
+        num_context_tokens: int,
+        first_token: int,
+        max_tokens: int,
+        sampling: SamplingParams = SamplingParams(),
+    ) -> Stream:
+        """Admit the handed-off request; the caller must call `finish_decode` after."""
+        if max_tokens < 1 or num_context_tokens < 1:
+            raise PlanError("INVALID_ARGUMENT", "max_tokens and num_context_tokens must be >= 1")
+        self._enter("decode")
+        try:
+            try:
+                kv = self.inbox.take(request_id, num_context_tokens)
+            except KeyError as missing:
+                raise PlanError("FAILED_PRECONDITION", str(missing.args[0])) from None
+            except ValueError as bad:
+                raise PlanError("INVALID_ARGUMENT", f"handed-off KV does not fit: {bad}") from None
+            request = DecodeRequest(request_id, kv, first_token, max_tokens, sampling)
+            try:
+                return self.decode.submit(request)
+            except ValueError as bad:
+                raise PlanError("INVALID_ARGUMENT", str(bad)) from None
+        except BaseException:
+            self._leave()
+            raise
+
+    def finish_decode(self) -> None:
+        self._leave()
+
+    # -- pool operations -----------------------------------------------------------------
+    def replicate(
+        self, source_address: str, keys: Sequence[int], first_depth: int
+    ) -> tuple[list[int], list[int], str, list[KvEvent]]:
+        """Fetch `keys` from a peer and keep them: (stored, failed, error, events)."""
+        self._enter(None)
+        try:
+            try:
+                blocks = self.transport.fetch(source_address, keys)
+            except TransportError as error:
+                return [], list(keys), str(error), []
+            result = self.shard.store(keys, blocks, time.time(), first_depth)
+            self._record(result.events)
+            stored = [k for k in keys if k not in result.refused_keys]
+            return stored, list(result.refused_keys), "", result.events
+        finally:
+            self._leave()
+
+    def evict(self, keys: Sequence[int]) -> list[KvEvent]:
+        events = self.shard.evict(keys, time.time())
+        self._record(events)
+        return events
+
+    def _serve(self, keys: Sequence[int]) -> SourceBatch:
+        """The transport's block source: the shard's blocks, pinned until sent."""
+        keys = tuple(keys)
+        self.shard.pin(keys)
+        try:
+            loaded = self.shard.load(keys, time.time())
+            checksums = [self.shard.checksum_of(key) for key in keys]
+        except BaseException:
+            self.shard.unpin(keys)
+            raise
+        self._record(loaded.events)
+        return SourceBatch(loaded.blocks, checksums, lambda: self.shard.unpin(keys))
+
+    # -- role, drain, state ----------------------------------------------------------------
+    def set_role(self, role: AgentRole) -> AgentRole:
+        with self._state:
+            if role != self.role and self._num_in_flight:
+                raise PlanError(
+                    "FAILED_PRECONDITION",
+                    f"agent {self.instance_id} has {self._num_in_flight} call(s) in flight; "
+                    "drain it before switching its role",
+                )
+            self.role = role
+            return role
+
+    def drain(self, timeout_s: float | None) -> tuple[bool, int]:
+        """Refuse new work and wait for in-flight calls: (drained, calls still in flight)."""
+        with self._state:
+            self.draining = True
+            self._state.wait_for(lambda: self._num_in_flight == 0, timeout_s)
+            return self._num_in_flight == 0, self._num_in_flight
+
+    def take_events(self) -> list[KvEvent]:
+        with self._state:
+            events, self._events = self._events, []
+            return events
+
+    def load(self) -> dict[str, float | int]:
+        batch_size, context_tokens = self.decode.load()
+        if self.cost_model is not None:
+            predicted = self.cost_model.decode_step_time_s(batch_size, context_tokens)
+        else:
+            predicted = self.decode.last_step_s if batch_size else 0.0
+        with self._state:
+            return {
+                "num_queued": self._num_prefill_queued,
+                "num_running": self._num_prefill_running,
+                "queued_tokens": self._queued_tokens,
+                "batch_size": batch_size,
+                "context_tokens": context_tokens,
+                "predicted_tbt_s": predicted,
+                "last_step_s": self.decode.last_step_s,
+            }
+
+    def stats(self) -> ShardStats:
+        return self.shard.stats()
+
+    def close(self) -> None:
+        self.decode.stop()
+        self.transport.close()

@@ -1,0 +1,191 @@
+"""The gRPC side of an agent: the Agent servicer over a NodeAgent, and the secret check.
+
+Only conversion and status codes live here; backend.rpc.convert turns the messages that
+carry policy types (plans, KV events) into dataclasses.
+"""
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import grpc
+
+from agents.node.node import NodeAgent, PlanError
+from agents.workers import DecodeOutcome, SamplingParams
+from backend.rpc import agent_pb2 as pb
+from backend.rpc import agent_pb2_grpc as pb_grpc
+from backend.rpc.auth import SECRET_METADATA_KEY, holds_secret
+from backend.rpc.convert import (
+    cache_plan_from_proto,
+    kv_events_to_proto,
+    role_from_proto,
+    role_to_proto,
+)
+
+
+class SecretInterceptor(grpc.ServerInterceptor):
+    """Refuses every call whose metadata lacks the shared secret (UNAUTHENTICATED)."""
+
+    def __init__(self, secret: str) -> None:
+        self._secret = secret
+
+    def intercept_service(self, continuation: Callable[..., Any], details: Any) -> Any:
+        handler = continuation(details)
+        if handler is None or holds_secret(details.invocation_metadata, self._secret):
+            return handler
+        message = f"missing or wrong shared secret (gRPC metadata {SECRET_METADATA_KEY!r})"
+
+        def deny(request: object, context: grpc.ServicerContext) -> None:
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+
+        make = (
+            grpc.unary_stream_rpc_method_handler
+            if handler.response_streaming
+            else grpc.unary_unary_rpc_method_handler
+        )
+        return make(
+            deny,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+
+
+def _abort(context: grpc.ServicerContext, error: PlanError) -> None:
+    context.abort(getattr(grpc.StatusCode, error.code), str(error))
+
+
+def _sampling(message: pb.Sampling) -> SamplingParams:
+    return SamplingParams(message.temperature, message.top_k, message.seed)
+
+
+class AgentService(pb_grpc.AgentServicer):
+    def __init__(self, agent: NodeAgent, control_address: str) -> None:
+        self.agent = agent
+        self.control_address = control_address
+
+    def DispatchPrefill(self, request: pb.DispatchPrefillRequest, context: Any) -> Any:
+        plan, fetch_address = cache_plan_from_proto(request.plan)
+        try:
+            outcome = self.agent.prefill(
+                request.request_id,
+                list(request.token_ids),
+                plan,
+                fetch_address,
+                replicate=request.replicate,
+                decode_address=request.decode_data_address,
+                sampling=_sampling(request.sampling),
+                return_logits=request.return_logits,
+            )
+        except PlanError as error:
+            _abort(context, error)
+        except ValueError as error:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
+        return pb.DispatchPrefillReply(
+            request_id=outcome.request_id,
+            instance_id=self.agent.instance_id,
+            first_token=outcome.first_token,
+            num_tokens=outcome.num_tokens,
+            num_reused_tokens=outcome.num_reused_tokens,
+            num_fetched_tokens=outcome.num_fetched_tokens,
+            recomputed_keys=outcome.recomputed_keys,
+            stored_keys=outcome.stored_keys,
+            timings=pb.PrefillTimings(**outcome.timings),
+            events=kv_events_to_proto(outcome.events),
+            handed_off=outcome.handed_off,
+            logits=outcome.logits.tolist() if outcome.logits is not None else (),
+        )
+
+    def DispatchDecode(self, request: pb.DispatchDecodeRequest, context: Any) -> Iterator[Any]:
+        try:
+            stream = self.agent.start_decode(
+                request.request_id,
+                request.num_context_tokens,
+                request.first_token,
+                request.max_tokens,
+                _sampling(request.sampling),
+            )
+        except PlanError as error:
+            _abort(context, error)
+        try:
+            index = 0
+            while True:
+                item = stream.get()
+                if isinstance(item, DecodeOutcome):
+                    yield pb.DecodeMessage(
+                        request_id=request.request_id,
+                        done=True,
+                        status=item.status,
+                        reason=item.reason or "",
+                        stage=item.stage or "",
+                    )
+                    return
+                yield pb.DecodeMessage(request_id=request.request_id, token=item, index=index)
+                index += 1
+        finally:
+            self.agent.finish_decode()
+
+    def ReplicateBlocks(self, request: pb.ReplicateBlocksRequest, context: Any) -> Any:
+        try:
+            stored, failed, error, events = self.agent.replicate(
+                request.source_data_address, list(request.keys), request.first_depth
+            )
+        except PlanError as plan_error:
+            _abort(context, plan_error)
+        return pb.ReplicateBlocksReply(
+            stored_keys=stored, failed_keys=failed, error=error, events=kv_events_to_proto(events)
+        )
+
+    def EvictBlocks(self, request: pb.EvictBlocksRequest, context: Any) -> Any:
+        return pb.EvictBlocksReply(events=kv_events_to_proto(self.agent.evict(request.keys)))
+
+    def SetRole(self, request: pb.SetRoleRequest, context: Any) -> Any:
+        try:
+            role = self.agent.set_role(role_from_proto(request.role))
+        except ValueError as error:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
+        except PlanError as error:
+            _abort(context, error)
+        return pb.SetRoleReply(role=role_to_proto(role))
+
+    def Drain(self, request: pb.DrainRequest, context: Any) -> Any:
+        drained, num_in_flight = self.agent.drain(request.timeout_s or None)
+        return pb.DrainReply(drained=drained, num_in_flight=num_in_flight)
+
+    def GetState(self, request: pb.GetStateRequest, context: Any) -> Any:
+        agent, settings = self.agent, self.agent.settings
+        load, stats = agent.load(), agent.stats()
+        block_bytes = agent.shard.block_bytes
+        return pb.AgentState(
+            instance_id=agent.instance_id,
+            role=role_to_proto(agent.role),
+            control_address=self.control_address,
+            data_address=agent.data_address,
+            transport=settings.transport,
+            preset=settings.preset,
+            block_size=agent.block_size,
+            draining=agent.draining,
+            now_s=time.time(),
+            prefill=pb.PrefillLoad(
+                num_queued=load["num_queued"],
+                num_running=load["num_running"],
+                queued_tokens=load["queued_tokens"],
+            ),
+            decode=pb.DecodeLoad(
+                batch_size=load["batch_size"],
+                context_tokens=load["context_tokens"],
+                predicted_tbt_s=load["predicted_tbt_s"],
+                tbt_slo_s=settings.tbt_slo_s or 0.0,
+                last_step_s=load["last_step_s"],
+            ),
+            memory=pb.Memory(
+                dram_bytes=stats.dram_bytes,
+                dram_capacity_bytes=stats.dram_capacity_blocks * block_bytes,
+                ssd_bytes=stats.ssd_bytes,
+                ssd_capacity_bytes=stats.ssd_capacity_blocks * block_bytes,
+                num_dram_blocks=stats.num_dram_blocks,
+                num_ssd_blocks=stats.num_ssd_blocks,
+                num_pinned_keys=stats.num_pinned_keys,
+                num_pending_handoffs=len(agent.inbox),
+            ),
+            events=kv_events_to_proto(agent.take_events()) if request.take_events else (),
+        )

@@ -1,0 +1,47 @@
+"""AgentSettings: what one agent process is told at start, validated on construction."""
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from agents.model.config import get_preset
+from agents.transport import TRANSPORT_KINDS, parse_address
+
+AgentRole = Literal["prefill", "decode"]
+
+
+@dataclass(frozen=True, slots=True)
+class AgentSettings:
+    role: AgentRole
+    listen: str  # gRPC control address, "host:port" (port 0 picks one)
+    data_listen: str  # data-plane (transport) address
+    secret: str
+    preset: str = "tiny"
+    block_size: int = 64
+    instance_id: str | None = None  # default: derived from the control address
+    conductor: str | None = None
+    dram_bytes: int = 256 << 20
+    ssd_dir: Path | None = None
+    ssd_bytes: int = 0
+    transport: str = "tcp"
+    seed: int = 0
+    profile: Path | None = None  # a cost-model profile (JSON) for predicted TBT
+    tbt_slo_s: float | None = None  # enables the local TBT check on decode arrival
+    max_batch_size: int = 64
+
+    def __post_init__(self) -> None:
+        if self.role not in ("prefill", "decode"):
+            raise ValueError(f"role must be 'prefill' or 'decode', got {self.role!r}")
+        get_preset(self.preset)  # ValueError naming the presets
+        parse_address(self.listen)
+        parse_address(self.data_listen)
+        if not self.secret:
+            raise ValueError("a shared secret is required (--secret)")
+        if self.block_size <= 0:
+            raise ValueError(f"block size must be positive, got {self.block_size}")
+        if self.transport not in TRANSPORT_KINDS:
+            raise ValueError(f"transport must be one of {TRANSPORT_KINDS}, got {self.transport!r}")
+        if self.dram_bytes < 0 or self.ssd_bytes < 0:
+            raise ValueError("capacities must be >= 0 bytes")
+        if self.tbt_slo_s is not None and self.profile is None:
+            raise ValueError("the local TBT check (--tbt-slo) needs a cost-model --profile")

@@ -1,0 +1,65 @@
+"""`kvcentric agent`: run one node agent (prefill or decode) serving the gRPC control API."""
+
+from enum import StrEnum
+from pathlib import Path
+
+import typer
+
+_EXIT_BAD_INPUT = 2
+
+
+class AgentRoleOption(StrEnum):
+    prefill = "prefill"
+    decode = "decode"
+
+
+class TransportOption(StrEnum):
+    tcp = "tcp"
+    mooncake = "mooncake"
+
+
+def agent_command(
+    role: AgentRoleOption = typer.Option(..., "--role", help="The agent's role."),
+    listen: str = typer.Option(..., "--listen", help="gRPC control address HOST:PORT."),
+    data_listen: str = typer.Option(..., "--data-listen", help="KV data-plane address."),
+    secret: str = typer.Option(
+        ..., "--secret", envvar="KVCENTRIC_AGENT_SECRET", help="Shared secret of the cluster."
+    ),
+    preset: str = typer.Option("tiny", "--preset", help="Model preset."),
+    block_size: int = typer.Option(64, "--block-size", min=1, help="Tokens per KV block."),
+    instance_id: str | None = typer.Option(None, "--instance-id", help="Default: role@listen."),
+    conductor: str | None = typer.Option(None, "--conductor", help="Conductor address."),
+    dram_bytes: int = typer.Option(256 << 20, "--dram-bytes", min=0, help="DRAM tier bytes."),
+    ssd_dir: Path | None = typer.Option(None, "--ssd-dir", help="SSD tier directory."),
+    ssd_bytes: int = typer.Option(0, "--ssd-bytes", min=0, help="SSD tier bytes."),
+    transport: TransportOption = typer.Option(TransportOption.tcp, "--transport"),
+    seed: int = typer.Option(0, "--seed", help="Seed of the dummy weights."),
+    profile: Path | None = typer.Option(None, "--profile", help="Cost-model profile JSON."),
+    tbt_slo: float | None = typer.Option(None, "--tbt-slo", help="Local TBT check, seconds."),
+) -> None:
+    """Serve DispatchPrefill/DispatchDecode/... over gRPC until SIGTERM (then drain, exit 0)."""
+    from agents.node.main import main
+    from agents.node.settings import AgentSettings
+
+    try:
+        settings = AgentSettings(
+            role=role.value,
+            listen=listen,
+            data_listen=data_listen,
+            secret=secret,
+            preset=preset,
+            block_size=block_size,
+            instance_id=instance_id,
+            conductor=conductor,
+            dram_bytes=dram_bytes,
+            ssd_dir=ssd_dir,
+            ssd_bytes=ssd_bytes,
+            transport=transport.value,
+            seed=seed,
+            profile=profile,
+            tbt_slo_s=tbt_slo,
+        )
+    except ValueError as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(_EXIT_BAD_INPUT) from None
+    main(settings)

@@ -1,0 +1,328 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Role(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ROLE_UNSPECIFIED: _ClassVar[Role]
+    PREFILL: _ClassVar[Role]
+    DECODE: _ClassVar[Role]
+
+class Tier(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TIER_UNSPECIFIED: _ClassVar[Tier]
+    DRAM: _ClassVar[Tier]
+    SSD: _ClassVar[Tier]
+ROLE_UNSPECIFIED: Role
+PREFILL: Role
+DECODE: Role
+TIER_UNSPECIFIED: Tier
+DRAM: Tier
+SSD: Tier
+
+class FetchSpan(_message.Message):
+    __slots__ = ("source_instance_id", "source_data_address", "keys")
+    SOURCE_INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_DATA_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    source_instance_id: str
+    source_data_address: str
+    keys: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, source_instance_id: _Optional[str] = ..., source_data_address: _Optional[str] = ..., keys: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class CachePlan(_message.Message):
+    __slots__ = ("local_keys", "fetch", "num_reused_tokens", "num_compute_tokens")
+    LOCAL_KEYS_FIELD_NUMBER: _ClassVar[int]
+    FETCH_FIELD_NUMBER: _ClassVar[int]
+    NUM_REUSED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    NUM_COMPUTE_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    local_keys: _containers.RepeatedScalarFieldContainer[int]
+    fetch: FetchSpan
+    num_reused_tokens: int
+    num_compute_tokens: int
+    def __init__(self, local_keys: _Optional[_Iterable[int]] = ..., fetch: _Optional[_Union[FetchSpan, _Mapping]] = ..., num_reused_tokens: _Optional[int] = ..., num_compute_tokens: _Optional[int] = ...) -> None: ...
+
+class KvEvent(_message.Message):
+    __slots__ = ("kind", "now_s", "instance_id", "keys", "tier")
+    class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        KIND_UNSPECIFIED: _ClassVar[KvEvent.Kind]
+        STORED: _ClassVar[KvEvent.Kind]
+        EVICTED: _ClassVar[KvEvent.Kind]
+        DEMOTED: _ClassVar[KvEvent.Kind]
+    KIND_UNSPECIFIED: KvEvent.Kind
+    STORED: KvEvent.Kind
+    EVICTED: KvEvent.Kind
+    DEMOTED: KvEvent.Kind
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    NOW_S_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    kind: KvEvent.Kind
+    now_s: float
+    instance_id: str
+    keys: _containers.RepeatedScalarFieldContainer[int]
+    tier: Tier
+    def __init__(self, kind: _Optional[_Union[KvEvent.Kind, str]] = ..., now_s: _Optional[float] = ..., instance_id: _Optional[str] = ..., keys: _Optional[_Iterable[int]] = ..., tier: _Optional[_Union[Tier, str]] = ...) -> None: ...
+
+class Sampling(_message.Message):
+    __slots__ = ("temperature", "top_k", "seed")
+    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    temperature: float
+    top_k: int
+    seed: int
+    def __init__(self, temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ...) -> None: ...
+
+class DispatchPrefillRequest(_message.Message):
+    __slots__ = ("request_id", "token_ids", "plan", "replicate", "decode_instance_id", "decode_data_address", "sampling", "return_logits")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    PLAN_FIELD_NUMBER: _ClassVar[int]
+    REPLICATE_FIELD_NUMBER: _ClassVar[int]
+    DECODE_INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    DECODE_DATA_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    RETURN_LOGITS_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    plan: CachePlan
+    replicate: bool
+    decode_instance_id: str
+    decode_data_address: str
+    sampling: Sampling
+    return_logits: bool
+    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., plan: _Optional[_Union[CachePlan, _Mapping]] = ..., replicate: _Optional[bool] = ..., decode_instance_id: _Optional[str] = ..., decode_data_address: _Optional[str] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., return_logits: _Optional[bool] = ...) -> None: ...
+
+class PrefillTimings(_message.Message):
+    __slots__ = ("queue_s", "load_s", "fetch_s", "compute_s", "load_wait_s", "store_wait_s", "store_s", "handoff_s", "total_s")
+    QUEUE_S_FIELD_NUMBER: _ClassVar[int]
+    LOAD_S_FIELD_NUMBER: _ClassVar[int]
+    FETCH_S_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_S_FIELD_NUMBER: _ClassVar[int]
+    LOAD_WAIT_S_FIELD_NUMBER: _ClassVar[int]
+    STORE_WAIT_S_FIELD_NUMBER: _ClassVar[int]
+    STORE_S_FIELD_NUMBER: _ClassVar[int]
+    HANDOFF_S_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_S_FIELD_NUMBER: _ClassVar[int]
+    queue_s: float
+    load_s: float
+    fetch_s: float
+    compute_s: float
+    load_wait_s: float
+    store_wait_s: float
+    store_s: float
+    handoff_s: float
+    total_s: float
+    def __init__(self, queue_s: _Optional[float] = ..., load_s: _Optional[float] = ..., fetch_s: _Optional[float] = ..., compute_s: _Optional[float] = ..., load_wait_s: _Optional[float] = ..., store_wait_s: _Optional[float] = ..., store_s: _Optional[float] = ..., handoff_s: _Optional[float] = ..., total_s: _Optional[float] = ...) -> None: ...
+
+class DispatchPrefillReply(_message.Message):
+    __slots__ = ("request_id", "instance_id", "first_token", "num_tokens", "num_reused_tokens", "num_fetched_tokens", "recomputed_keys", "stored_keys", "timings", "events", "handed_off", "logits")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    FIRST_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    NUM_REUSED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    NUM_FETCHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    RECOMPUTED_KEYS_FIELD_NUMBER: _ClassVar[int]
+    STORED_KEYS_FIELD_NUMBER: _ClassVar[int]
+    TIMINGS_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    HANDED_OFF_FIELD_NUMBER: _ClassVar[int]
+    LOGITS_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    instance_id: str
+    first_token: int
+    num_tokens: int
+    num_reused_tokens: int
+    num_fetched_tokens: int
+    recomputed_keys: _containers.RepeatedScalarFieldContainer[int]
+    stored_keys: _containers.RepeatedScalarFieldContainer[int]
+    timings: PrefillTimings
+    events: _containers.RepeatedCompositeFieldContainer[KvEvent]
+    handed_off: bool
+    logits: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, request_id: _Optional[str] = ..., instance_id: _Optional[str] = ..., first_token: _Optional[int] = ..., num_tokens: _Optional[int] = ..., num_reused_tokens: _Optional[int] = ..., num_fetched_tokens: _Optional[int] = ..., recomputed_keys: _Optional[_Iterable[int]] = ..., stored_keys: _Optional[_Iterable[int]] = ..., timings: _Optional[_Union[PrefillTimings, _Mapping]] = ..., events: _Optional[_Iterable[_Union[KvEvent, _Mapping]]] = ..., handed_off: _Optional[bool] = ..., logits: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class DispatchDecodeRequest(_message.Message):
+    __slots__ = ("request_id", "num_context_tokens", "first_token", "max_tokens", "sampling")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    NUM_CONTEXT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    FIRST_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    num_context_tokens: int
+    first_token: int
+    max_tokens: int
+    sampling: Sampling
+    def __init__(self, request_id: _Optional[str] = ..., num_context_tokens: _Optional[int] = ..., first_token: _Optional[int] = ..., max_tokens: _Optional[int] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ...) -> None: ...
+
+class DecodeMessage(_message.Message):
+    __slots__ = ("request_id", "token", "index", "done", "status", "reason", "stage")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    STAGE_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    token: int
+    index: int
+    done: bool
+    status: str
+    reason: str
+    stage: str
+    def __init__(self, request_id: _Optional[str] = ..., token: _Optional[int] = ..., index: _Optional[int] = ..., done: _Optional[bool] = ..., status: _Optional[str] = ..., reason: _Optional[str] = ..., stage: _Optional[str] = ...) -> None: ...
+
+class ReplicateBlocksRequest(_message.Message):
+    __slots__ = ("request_id", "source_instance_id", "source_data_address", "keys", "first_depth")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_DATA_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    FIRST_DEPTH_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    source_instance_id: str
+    source_data_address: str
+    keys: _containers.RepeatedScalarFieldContainer[int]
+    first_depth: int
+    def __init__(self, request_id: _Optional[str] = ..., source_instance_id: _Optional[str] = ..., source_data_address: _Optional[str] = ..., keys: _Optional[_Iterable[int]] = ..., first_depth: _Optional[int] = ...) -> None: ...
+
+class ReplicateBlocksReply(_message.Message):
+    __slots__ = ("stored_keys", "failed_keys", "error", "events")
+    STORED_KEYS_FIELD_NUMBER: _ClassVar[int]
+    FAILED_KEYS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    stored_keys: _containers.RepeatedScalarFieldContainer[int]
+    failed_keys: _containers.RepeatedScalarFieldContainer[int]
+    error: str
+    events: _containers.RepeatedCompositeFieldContainer[KvEvent]
+    def __init__(self, stored_keys: _Optional[_Iterable[int]] = ..., failed_keys: _Optional[_Iterable[int]] = ..., error: _Optional[str] = ..., events: _Optional[_Iterable[_Union[KvEvent, _Mapping]]] = ...) -> None: ...
+
+class EvictBlocksRequest(_message.Message):
+    __slots__ = ("keys",)
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    keys: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, keys: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class EvictBlocksReply(_message.Message):
+    __slots__ = ("events",)
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    events: _containers.RepeatedCompositeFieldContainer[KvEvent]
+    def __init__(self, events: _Optional[_Iterable[_Union[KvEvent, _Mapping]]] = ...) -> None: ...
+
+class SetRoleRequest(_message.Message):
+    __slots__ = ("role",)
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    role: Role
+    def __init__(self, role: _Optional[_Union[Role, str]] = ...) -> None: ...
+
+class SetRoleReply(_message.Message):
+    __slots__ = ("role",)
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    role: Role
+    def __init__(self, role: _Optional[_Union[Role, str]] = ...) -> None: ...
+
+class DrainRequest(_message.Message):
+    __slots__ = ("timeout_s",)
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    timeout_s: float
+    def __init__(self, timeout_s: _Optional[float] = ...) -> None: ...
+
+class DrainReply(_message.Message):
+    __slots__ = ("drained", "num_in_flight")
+    DRAINED_FIELD_NUMBER: _ClassVar[int]
+    NUM_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    drained: bool
+    num_in_flight: int
+    def __init__(self, drained: _Optional[bool] = ..., num_in_flight: _Optional[int] = ...) -> None: ...
+
+class GetStateRequest(_message.Message):
+    __slots__ = ("take_events",)
+    TAKE_EVENTS_FIELD_NUMBER: _ClassVar[int]
+    take_events: bool
+    def __init__(self, take_events: _Optional[bool] = ...) -> None: ...
+
+class PrefillLoad(_message.Message):
+    __slots__ = ("num_queued", "num_running", "queued_tokens")
+    NUM_QUEUED_FIELD_NUMBER: _ClassVar[int]
+    NUM_RUNNING_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    num_queued: int
+    num_running: int
+    queued_tokens: int
+    def __init__(self, num_queued: _Optional[int] = ..., num_running: _Optional[int] = ..., queued_tokens: _Optional[int] = ...) -> None: ...
+
+class DecodeLoad(_message.Message):
+    __slots__ = ("batch_size", "context_tokens", "predicted_tbt_s", "tbt_slo_s", "last_step_s")
+    BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_TBT_S_FIELD_NUMBER: _ClassVar[int]
+    TBT_SLO_S_FIELD_NUMBER: _ClassVar[int]
+    LAST_STEP_S_FIELD_NUMBER: _ClassVar[int]
+    batch_size: int
+    context_tokens: int
+    predicted_tbt_s: float
+    tbt_slo_s: float
+    last_step_s: float
+    def __init__(self, batch_size: _Optional[int] = ..., context_tokens: _Optional[int] = ..., predicted_tbt_s: _Optional[float] = ..., tbt_slo_s: _Optional[float] = ..., last_step_s: _Optional[float] = ...) -> None: ...
+
+class Memory(_message.Message):
+    __slots__ = ("dram_bytes", "dram_capacity_bytes", "ssd_bytes", "ssd_capacity_bytes", "num_dram_blocks", "num_ssd_blocks", "num_pinned_keys", "num_pending_handoffs")
+    DRAM_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DRAM_CAPACITY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SSD_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SSD_CAPACITY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    NUM_DRAM_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    NUM_SSD_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    NUM_PINNED_KEYS_FIELD_NUMBER: _ClassVar[int]
+    NUM_PENDING_HANDOFFS_FIELD_NUMBER: _ClassVar[int]
+    dram_bytes: int
+    dram_capacity_bytes: int
+    ssd_bytes: int
+    ssd_capacity_bytes: int
+    num_dram_blocks: int
+    num_ssd_blocks: int
+    num_pinned_keys: int
+    num_pending_handoffs: int
+    def __init__(self, dram_bytes: _Optional[int] = ..., dram_capacity_bytes: _Optional[int] = ..., ssd_bytes: _Optional[int] = ..., ssd_capacity_bytes: _Optional[int] = ..., num_dram_blocks: _Optional[int] = ..., num_ssd_blocks: _Optional[int] = ..., num_pinned_keys: _Optional[int] = ..., num_pending_handoffs: _Optional[int] = ...) -> None: ...
+
+class AgentState(_message.Message):
+    __slots__ = ("instance_id", "role", "control_address", "data_address", "transport", "preset", "block_size", "draining", "now_s", "prefill", "decode", "memory", "events")
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    CONTROL_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    DATA_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORT_FIELD_NUMBER: _ClassVar[int]
+    PRESET_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    DRAINING_FIELD_NUMBER: _ClassVar[int]
+    NOW_S_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_FIELD_NUMBER: _ClassVar[int]
+    DECODE_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    instance_id: str
+    role: Role
+    control_address: str
+    data_address: str
+    transport: str
+    preset: str
+    block_size: int
+    draining: bool
+    now_s: float
+    prefill: PrefillLoad
+    decode: DecodeLoad
+    memory: Memory
+    events: _containers.RepeatedCompositeFieldContainer[KvEvent]
+    def __init__(self, instance_id: _Optional[str] = ..., role: _Optional[_Union[Role, str]] = ..., control_address: _Optional[str] = ..., data_address: _Optional[str] = ..., transport: _Optional[str] = ..., preset: _Optional[str] = ..., block_size: _Optional[int] = ..., draining: _Optional[bool] = ..., now_s: _Optional[float] = ..., prefill: _Optional[_Union[PrefillLoad, _Mapping]] = ..., decode: _Optional[_Union[DecodeLoad, _Mapping]] = ..., memory: _Optional[_Union[Memory, _Mapping]] = ..., events: _Optional[_Iterable[_Union[KvEvent, _Mapping]]] = ...) -> None: ...

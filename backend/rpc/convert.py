@@ -1,0 +1,152 @@
+"""Proto messages <-> backend.policy dataclasses: the one place the control plane converts.
+
+The policy names instances by id; the wire also needs their data-plane addresses, so the
+converters that build dispatches take a mapping from instance id to data address.
+"""
+
+from collections.abc import Iterable, Mapping, Sequence
+
+from backend.policy.effects import CachePlan, DispatchDecode, DispatchPrefill, Evict, FetchSpan
+from backend.policy.effects import Replicate as ReplicateEffect
+from backend.policy.events import KvDemoted, KvEvicted, KvStored, Role
+from backend.policy.index import Tier
+from backend.rpc import agent_pb2 as pb
+
+KvEvent = KvStored | KvEvicted | KvDemoted
+
+_TIER_TO_PB = {Tier.DRAM: pb.DRAM, Tier.SSD: pb.SSD}
+_TIER_FROM_PB = {value: key for key, value in _TIER_TO_PB.items()}
+_ROLE_TO_PB: dict[str, int] = {"prefill": pb.PREFILL, "decode": pb.DECODE}
+_ROLE_FROM_PB = {value: key for key, value in _ROLE_TO_PB.items()}
+
+
+def role_to_proto(role: Role) -> int:
+    return _ROLE_TO_PB[role]
+
+
+def role_from_proto(role: int) -> Role:
+    """The role a proto enum names; ValueError for ROLE_UNSPECIFIED or unknown values."""
+    try:
+        return _ROLE_FROM_PB[role]  # type: ignore[return-value]
+    except KeyError:
+        raise ValueError(f"role must be PREFILL or DECODE, got {role}") from None
+
+
+# -- cache plans ---------------------------------------------------------------------------
+def cache_plan_to_proto(plan: CachePlan, data_addresses: Mapping[str, str]) -> pb.CachePlan:
+    """The plan on the wire; the fetch's source is resolved to its data address."""
+    message = pb.CachePlan(
+        local_keys=plan.local_keys,
+        num_reused_tokens=plan.num_reused_tokens,
+        num_compute_tokens=plan.num_compute_tokens,
+    )
+    if plan.fetch is not None and plan.fetch.keys:
+        source = plan.fetch.source_instance_id
+        message.fetch.CopyFrom(
+            pb.FetchSpan(
+                source_instance_id=source,
+                source_data_address=data_addresses[source],
+                keys=plan.fetch.keys,
+            )
+        )
+    return message
+
+
+def cache_plan_from_proto(message: pb.CachePlan) -> tuple[CachePlan, str | None]:
+    """The policy's plan and the fetch source's data address (None without a fetch)."""
+    fetch, address = None, None
+    if message.HasField("fetch") and message.fetch.keys:
+        fetch = FetchSpan(message.fetch.source_instance_id, tuple(message.fetch.keys))
+        address = message.fetch.source_data_address
+    plan = CachePlan(
+        local_keys=tuple(message.local_keys),
+        fetch=fetch,
+        num_reused_tokens=message.num_reused_tokens,
+        num_compute_tokens=message.num_compute_tokens,
+    )
+    return plan, address
+
+
+# -- effects -> requests -------------------------------------------------------------------
+def dispatch_prefill_to_proto(
+    effect: DispatchPrefill,
+    token_ids: Sequence[int],
+    data_addresses: Mapping[str, str],
+    *,
+    replicate: bool = False,
+    return_logits: bool = False,
+) -> pb.DispatchPrefillRequest:
+    """The request for `effect.instance_id`; `replicate` when a Replicate effect came with it."""
+    return pb.DispatchPrefillRequest(
+        request_id=effect.request_id,
+        token_ids=token_ids,
+        plan=cache_plan_to_proto(effect.plan, data_addresses),
+        replicate=replicate,
+        decode_instance_id=effect.decode_instance_id,
+        decode_data_address=data_addresses.get(effect.decode_instance_id, ""),
+        return_logits=return_logits,
+    )
+
+
+def dispatch_decode_to_proto(
+    effect: DispatchDecode, *, first_token: int, max_tokens: int
+) -> pb.DispatchDecodeRequest:
+    return pb.DispatchDecodeRequest(
+        request_id=effect.request_id,
+        num_context_tokens=effect.num_context_tokens,
+        first_token=first_token,
+        max_tokens=max_tokens,
+    )
+
+
+def replicate_to_proto(
+    effect: ReplicateEffect, data_addresses: Mapping[str, str], first_depth: int = 0
+) -> pb.ReplicateBlocksRequest:
+    return pb.ReplicateBlocksRequest(
+        request_id=effect.request_id,
+        source_instance_id=effect.source_instance_id,
+        source_data_address=data_addresses[effect.source_instance_id],
+        keys=effect.keys,
+        first_depth=first_depth,
+    )
+
+
+def evict_to_proto(effect: Evict) -> pb.EvictBlocksRequest:
+    return pb.EvictBlocksRequest(keys=effect.keys)
+
+
+# -- KV events -----------------------------------------------------------------------------
+def kv_event_to_proto(event: KvEvent) -> pb.KvEvent:
+    keys = event.keys
+    if isinstance(event, KvStored):
+        return pb.KvEvent(
+            kind=pb.KvEvent.STORED,
+            now_s=event.now_s,
+            instance_id=event.instance_id,
+            keys=keys,
+            tier=_TIER_TO_PB[event.tier],
+        )
+    kind = pb.KvEvent.EVICTED if isinstance(event, KvEvicted) else pb.KvEvent.DEMOTED
+    return pb.KvEvent(kind=kind, now_s=event.now_s, instance_id=event.instance_id, keys=keys)
+
+
+def kv_event_from_proto(message: pb.KvEvent) -> KvEvent:
+    """The policy's event; ValueError for an unknown kind or tier."""
+    keys = tuple(message.keys)
+    if message.kind == pb.KvEvent.STORED:
+        if message.tier not in _TIER_FROM_PB:
+            raise ValueError(f"a stored event needs a tier, got {message.tier}")
+        return KvStored(message.now_s, message.instance_id, keys, _TIER_FROM_PB[message.tier])
+    if message.kind == pb.KvEvent.EVICTED:
+        return KvEvicted(message.now_s, message.instance_id, keys)
+    if message.kind == pb.KvEvent.DEMOTED:
+        return KvDemoted(message.now_s, message.instance_id, keys)
+    raise ValueError(f"unknown KV event kind {message.kind}")
+
+
+def kv_events_to_proto(events: Iterable[KvEvent]) -> list[pb.KvEvent]:
+    return [kv_event_to_proto(event) for event in events]
+
+
+def kv_events_from_proto(messages: Iterable[pb.KvEvent]) -> list[KvEvent]:
+    return [kv_event_from_proto(message) for message in messages]
