@@ -23,7 +23,7 @@ def agent_command(
     listen: str = typer.Option(..., "--listen", help="gRPC control address HOST:PORT."),
     data_listen: str = typer.Option(..., "--data-listen", help="KV data-plane address."),
     secret: str = typer.Option(
-        ..., "--secret", envvar="KVCENTRIC_AGENT_SECRET", help="Shared secret of the cluster."
+        ..., "--secret", envvar="KVC_AGENT_SECRET", help="Shared secret of the cluster."
     ),
     preset: str = typer.Option("tiny", "--preset", help="Model preset."),
     block_size: int = typer.Option(64, "--block-size", min=1, help="Tokens per KV block."),
