@@ -97,3 +97,21 @@ def transport(
 
     result = run_transport_bench(num_blocks, block_bytes, repeats)
     _report("KV data plane", asdict(result), as_json)
+
+
+@bench_app.command("pipeline")
+def pipeline(
+    preset: str = typer.Option("tiny", "--preset", help="Model preset."),
+    context_tokens: int = typer.Option(4096, "--context", min=1, help="Prompt tokens."),
+    num_stages: int = typer.Option(2, "--stages", min=1, help="Pipeline stages (processes)."),
+    chunk_tokens: int = typer.Option(512, "--chunk", min=1, help="prefill_chunk_tokens."),
+    as_json: bool = _json_option(),
+) -> None:
+    """Chunked pipeline prefill across stage processes against one agent holding every
+    layer, in the same processes: single_agent_s, pipelined_s and speedup."""
+    from agents.workers.pipeline_bench import pipeline_benchmark
+
+    result = pipeline_benchmark(
+        preset, context_tokens, num_stages, prefill_chunk_tokens=chunk_tokens
+    )
+    _report("chunked pipeline prefill", result, as_json)
