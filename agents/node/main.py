@@ -1,6 +1,7 @@
 """Serving an agent until SIGTERM: bind the control API to --listen only, then drain."""
 
 import logging
+import os
 import signal
 import sys
 import threading
@@ -8,6 +9,7 @@ from concurrent import futures
 
 import grpc
 
+from agents.node.faults import Faults
 from agents.node.node import NodeAgent
 from agents.node.service import AgentService, SecretInterceptor
 from agents.node.settings import AgentSettings
@@ -32,7 +34,7 @@ def serve(settings: AgentSettings) -> int:
     port = server.add_insecure_port(settings.listen)  # raises when it cannot bind
     control_address = f"{host}:{port}"
     instance_id = settings.instance_id or f"{settings.role}@{control_address}"
-    agent = NodeAgent(settings, instance_id)
+    agent = NodeAgent(settings, instance_id, Faults.from_environ(os.environ))
     pb_grpc.add_AgentServicer_to_server(AgentService(agent, control_address), server)
     server.start()
     if settings.conductor:

@@ -15,11 +15,12 @@ from agents.model import build_model
 from agents.model.kv_blocks import block_to_bytes
 from agents.node import prefix as prefixes
 from agents.node.decode_loop import DecodeLoop, Stream
+from agents.node.faults import Faults, corrupting_last_block
 from agents.node.handoff import HandoffInbox, blocks_as_tensors, push_kv
 from agents.node.prefix import PlanError
 from agents.node.settings import AgentRole, AgentSettings
-from agents.pool import KvEvent, KvPoolShard, ShardStats
-from agents.transport import SourceBatch, TransportError, make_transport
+from agents.pool import CorruptBlock, KvEvent, KvPoolShard, ShardStats
+from agents.transport import CorruptBlocksError, SourceBatch, TransportError, make_transport
 from agents.workers import (
     BlockSource,
     DecodeRequest,
@@ -53,7 +54,9 @@ class PrefillOutcome:
 class NodeAgent:
     """The parts of one agent; every public method is safe to call from gRPC threads."""
 
-    def __init__(self, settings: AgentSettings, instance_id: str) -> None:
+    def __init__(
+        self, settings: AgentSettings, instance_id: str, faults: Faults = Faults()
+    ) -> None:
         self.settings = settings
         self.instance_id = instance_id
         self.role: AgentRole = settings.role
@@ -82,8 +85,9 @@ class NodeAgent:
             )
         )
         self.inbox = HandoffInbox(self.model, self.block_size)
+        source = corrupting_last_block(self._serve) if faults.corrupt_fetch else self._serve
         self.transport = make_transport(
-            settings.transport, secret=settings.secret, source=self._serve, sink=self.inbox.put
+            settings.transport, secret=settings.secret, source=source, sink=self.inbox.put
         )
         self.data_address = self.transport.start(settings.data_listen)
         self._prefill_lock = threading.Lock()  # one prefill at a time
@@ -304,6 +308,10 @@ class NodeAgent:
         try:
             loaded = self.shard.load(keys, time.time())
             checksums = [self.shard.checksum_of(key) for key in keys]
+        except CorruptBlock as corrupt:  # dropped here: tell the Conductor and the requester
+            self.shard.unpin(keys)
+            self._record(corrupt.events)
+            raise CorruptBlocksError(corrupt.keys) from None
         except BaseException:
             self.shard.unpin(keys)
             raise
@@ -312,6 +320,7 @@ class NodeAgent:
 
     # -- role, drain, state ----------------------------------------------------------------
     def set_role(self, role: AgentRole) -> AgentRole:
+        """Serve as `role` from now on, ending a drain; a switch needs no call in flight."""
         with self._state:
             if role != self.role and self._num_in_flight:
                 raise PlanError(
@@ -320,6 +329,7 @@ class NodeAgent:
                     "drain it before switching its role",
                 )
             self.role = role
+            self.draining = False
             return role
 
     def drain(self, timeout_s: float | None) -> tuple[bool, int]:

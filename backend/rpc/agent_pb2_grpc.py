@@ -99,7 +99,8 @@ class AgentServicer:
         raise NotImplementedError('Method not implemented!')
 
     def SetRole(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Switch prefill <-> decode: refused while calls are in flight (Drain first); ends a drain.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')

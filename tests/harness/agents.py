@@ -4,6 +4,7 @@ Ports are picked by the agent itself (port 0); the harness reads them from its '
 line, so parallel test runs never collide.
 """
 
+import os
 import re
 import subprocess
 import sys
@@ -12,8 +13,11 @@ from pathlib import Path
 
 import grpc
 
+from backend.policy.effects import CachePlan
+from backend.rpc import agent_pb2 as pb
 from backend.rpc import agent_pb2_grpc as pb_grpc
 from backend.rpc.auth import call_metadata
+from backend.rpc.convert import cache_plan_to_proto
 
 KVCENTRIC = str(Path(sys.executable).parent / "kvcentric")
 _READY = re.compile(r"ready: id=(\S+) role=\S+ control=(\S+) data=(\S+)")
@@ -22,7 +26,14 @@ _READY = re.compile(r"ready: id=(\S+) role=\S+ control=(\S+) data=(\S+)")
 class AgentProcess:
     """One running agent; `stub` calls it with the secret, `bare_stub` without."""
 
-    def __init__(self, role: str, secret: str, *extra: str, block_size: int = 64) -> None:
+    def __init__(
+        self,
+        role: str,
+        secret: str,
+        *extra: str,
+        block_size: int = 64,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.secret = secret
         args = [
             KVCENTRIC, "agent", "--role", role, "--listen", "127.0.0.1:0",
@@ -30,7 +41,11 @@ class AgentProcess:
             "--block-size", str(block_size), "--secret", secret, *extra,
         ]  # fmt: skip
         self.process = subprocess.Popen(
-            args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            args,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, **env} if env else None,
         )
         self.stderr_lines: list[str] = []
         threading.Thread(target=self._drain_stderr, daemon=True).start()
@@ -77,7 +92,45 @@ class _WithSecret:
         return lambda request, **kwargs: method(request, metadata=self._metadata, **kwargs)
 
 
-def start_agents(roles: list[str], secret: str) -> list[AgentProcess]:
+def start_agents(roles: list[str], secret: str, *extra: str) -> list[AgentProcess]:
     """Start all at once (model builds overlap), then wait for each."""
-    agents = [AgentProcess(role, secret) for role in roles]
-    return [agent.wait_ready() for agent in agents]
+    return wait_all([AgentProcess(role, secret, *extra) for role in roles])
+
+
+def wait_all(agents: list[AgentProcess]) -> list[AgentProcess]:
+    """Wait for agents started together; if one fails to start, stop the others first."""
+    try:
+        return [agent.wait_ready() for agent in agents]
+    except BaseException:
+        for agent in agents:
+            agent.process.kill()
+        raise
+
+
+def stop_agents(agents: list[AgentProcess]) -> None:
+    """SIGTERM every agent still running at once (teardowns overlap), then wait for each."""
+    running = [agent for agent in agents if agent.process.poll() is None]
+    for agent in running:
+        agent.process.terminate()
+    for agent in running:
+        agent.terminate()
+
+
+def prefill_request(
+    request_id: str,
+    tokens: list[int],
+    plan: CachePlan = CachePlan((), None, 0, 0),
+    data_addresses: dict[str, str] | None = None,
+    *,
+    decode_address: str = "",
+    replicate: bool = False,
+) -> pb.DispatchPrefillRequest:
+    """A DispatchPrefill asking for the logits; `data_addresses` resolves the plan's fetch."""
+    return pb.DispatchPrefillRequest(
+        request_id=request_id,
+        token_ids=tokens,
+        plan=cache_plan_to_proto(plan, data_addresses or {}),
+        replicate=replicate,
+        decode_data_address=decode_address,
+        return_logits=True,
+    )
