@@ -1,18 +1,12 @@
 """The twin's pool shard keeps the Conductor's index exact in the corner cases of promotion."""
 
 from backend.policy import PrefixIndex
-from backend.policy.events import KvDemoted, KvEvicted, KvStored
+from tests.kv_events import replay_kv_events
 from twin.shard import PoolShard
 
 
 def replay(events, index: PrefixIndex) -> None:
-    for event in events:
-        if isinstance(event, KvStored):
-            index.on_stored(event.instance_id, event.keys, event.tier)
-        elif isinstance(event, KvEvicted):
-            index.on_evicted(event.instance_id, event.keys)
-        elif isinstance(event, KvDemoted):
-            index.on_demoted(event.instance_id, event.keys)
+    replay_kv_events(index, events)
 
 
 def held(shard: PoolShard) -> set[int]:

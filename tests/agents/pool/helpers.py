@@ -5,7 +5,8 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from agents.pool import KvEvent, KvPoolShard
-from backend.policy import KvDemoted, KvEvicted, KvStored, PrefixIndex
+from backend.policy import PrefixIndex
+from tests.kv_events import replay_kv_events
 
 BLOCK_BYTES = 256
 
@@ -38,15 +39,7 @@ def store(shard: KvPoolShard, keys: list[int], now_s: float, first_depth: int = 
 
 def replay(index: PrefixIndex, events: Iterable[KvEvent]) -> None:
     """Feed shard events to the Conductor's index exactly as the core does."""
-    for event in events:
-        if isinstance(event, KvStored):
-            index.on_stored(event.instance_id, event.keys, event.tier)
-        elif isinstance(event, KvEvicted):
-            index.on_evicted(event.instance_id, event.keys)
-        elif isinstance(event, KvDemoted):
-            index.on_demoted(event.instance_id, event.keys)
-        else:
-            raise AssertionError(f"not a KV event: {event!r}")
+    replay_kv_events(index, events)
 
 
 def ssd_files(root: Path) -> list[Path]:
