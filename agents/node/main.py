@@ -1,4 +1,5 @@
-"""Serving an agent until SIGTERM: bind the control API to --listen only, then drain."""
+"""Serving an agent until SIGTERM: bind the control API to --listen only, push heartbeats
+to the Conductor when one is named, then drain."""
 
 import logging
 import os
@@ -10,10 +11,12 @@ from concurrent import futures
 import grpc
 
 from agents.node.faults import Faults
+from agents.node.heartbeat import Heartbeats
 from agents.node.node import NodeAgent
-from agents.node.service import AgentService, SecretInterceptor
+from agents.node.service import AgentService
 from agents.node.settings import AgentSettings
 from backend.rpc import agent_pb2_grpc as pb_grpc
+from backend.rpc.auth import SecretInterceptor
 
 logger = logging.getLogger(__name__)
 
@@ -37,19 +40,28 @@ def serve(settings: AgentSettings) -> int:
     agent = NodeAgent(settings, instance_id, Faults.from_environ(os.environ))
     pb_grpc.add_AgentServicer_to_server(AgentService(agent, control_address), server)
     server.start()
-    if settings.conductor:
-        # No Conductor service exists yet: whoever drives the agent pulls GetState.
-        logger.info("conductor %s noted; heartbeats are pulled with GetState", settings.conductor)
     print(
         f"kvcentric agent ready: id={instance_id} role={settings.role} "
         f"control={control_address} data={agent.data_address}",
         flush=True,
     )
+    heartbeats = None
+    if settings.conductor:  # else whoever drives the agent pulls GetState
+        heartbeats = Heartbeats(
+            agent,
+            settings.conductor,
+            control_address=control_address,
+            interval_s=settings.heartbeat_interval_s,
+            max_backlog_events=settings.max_backlog_events,
+        )
+        heartbeats.start()
     stop.wait()
     logger.info("agent %s: stopping; draining in-flight work", instance_id)
     drained, left = agent.drain(DRAIN_TIMEOUT_S)
     if not drained:
         logger.warning("agent %s: %d call(s) still in flight after drain", instance_id, left)
+    if heartbeats is not None:
+        heartbeats.close()  # after the drain: the final heartbeat carries its KV events
     server.stop(grace=5).wait()
     agent.close()
     print(f"kvcentric agent {instance_id} stopped", flush=True)

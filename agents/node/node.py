@@ -32,6 +32,7 @@ from agents.workers import (
 from backend.policy.blocks import block_keys
 from backend.policy.cost_model import CostModel
 from backend.policy.effects import CachePlan
+from backend.rpc.reports import AgentLoad
 
 DispatchError = PlanError
 
@@ -360,6 +361,34 @@ class NodeAgent:
                 "predicted_tbt_s": predicted,
                 "last_step_s": self.decode.last_step_s,
             }
+
+    def report_load(self) -> AgentLoad:
+        """The load GetState and heartbeats report: queue, batch, predicted TBT, memory."""
+        load, stats = self.load(), self.stats()
+        block_bytes = self.shard.block_bytes
+        return AgentLoad(
+            num_queued=int(load["num_queued"]),
+            num_running=int(load["num_running"]),
+            queued_tokens=int(load["queued_tokens"]),
+            batch_size=int(load["batch_size"]),
+            context_tokens=int(load["context_tokens"]),
+            predicted_tbt_s=float(load["predicted_tbt_s"]),
+            tbt_slo_s=self.settings.tbt_slo_s or 0.0,
+            last_step_s=float(load["last_step_s"]),
+            dram_bytes=stats.dram_bytes,
+            dram_capacity_bytes=stats.dram_capacity_blocks * block_bytes,
+            ssd_bytes=stats.ssd_bytes,
+            ssd_capacity_bytes=stats.ssd_capacity_blocks * block_bytes,
+            num_dram_blocks=stats.num_dram_blocks,
+            num_ssd_blocks=stats.num_ssd_blocks,
+            num_pinned_keys=stats.num_pinned_keys,
+            num_pending_handoffs=len(self.inbox),
+        )
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        stats = self.stats()
+        return (stats.dram_capacity_blocks + stats.ssd_capacity_blocks) * self.block_size
 
     def stats(self) -> ShardStats:
         return self.shard.stats()

@@ -1,11 +1,11 @@
-"""The gRPC side of an agent: the Agent servicer over a NodeAgent, and the secret check.
+"""The gRPC side of an agent: the Agent servicer over a NodeAgent.
 
 Only conversion and status codes live here; backend.rpc.convert turns the messages that
 carry policy types (plans, KV events) into dataclasses.
 """
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import grpc
@@ -14,40 +14,13 @@ from agents.node.node import NodeAgent, PlanError
 from agents.workers import DecodeOutcome, SamplingParams
 from backend.rpc import agent_pb2 as pb
 from backend.rpc import agent_pb2_grpc as pb_grpc
-from backend.rpc.auth import SECRET_METADATA_KEY, holds_secret
 from backend.rpc.convert import (
     cache_plan_from_proto,
     kv_events_to_proto,
+    load_to_proto,
     role_from_proto,
     role_to_proto,
 )
-
-
-class SecretInterceptor(grpc.ServerInterceptor):
-    """Refuses every call whose metadata lacks the shared secret (UNAUTHENTICATED)."""
-
-    def __init__(self, secret: str) -> None:
-        self._secret = secret
-
-    def intercept_service(self, continuation: Callable[..., Any], details: Any) -> Any:
-        handler = continuation(details)
-        if handler is None or holds_secret(details.invocation_metadata, self._secret):
-            return handler
-        message = f"missing or wrong shared secret (gRPC metadata {SECRET_METADATA_KEY!r})"
-
-        def deny(request: object, context: grpc.ServicerContext) -> None:
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
-
-        make = (
-            grpc.unary_stream_rpc_method_handler
-            if handler.response_streaming
-            else grpc.unary_unary_rpc_method_handler
-        )
-        return make(
-            deny,
-            request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer,
-        )
 
 
 def _abort(context: grpc.ServicerContext, error: PlanError) -> None:
@@ -153,8 +126,7 @@ class AgentService(pb_grpc.AgentServicer):
 
     def GetState(self, request: pb.GetStateRequest, context: Any) -> Any:
         agent, settings = self.agent, self.agent.settings
-        load, stats = agent.load(), agent.stats()
-        block_bytes = agent.shard.block_bytes
+        prefill, decode, memory = load_to_proto(agent.report_load())
         return pb.AgentState(
             instance_id=agent.instance_id,
             role=role_to_proto(agent.role),
@@ -165,27 +137,8 @@ class AgentService(pb_grpc.AgentServicer):
             block_size=agent.block_size,
             draining=agent.draining,
             now_s=time.time(),
-            prefill=pb.PrefillLoad(
-                num_queued=load["num_queued"],
-                num_running=load["num_running"],
-                queued_tokens=load["queued_tokens"],
-            ),
-            decode=pb.DecodeLoad(
-                batch_size=load["batch_size"],
-                context_tokens=load["context_tokens"],
-                predicted_tbt_s=load["predicted_tbt_s"],
-                tbt_slo_s=settings.tbt_slo_s or 0.0,
-                last_step_s=load["last_step_s"],
-            ),
-            memory=pb.Memory(
-                dram_bytes=stats.dram_bytes,
-                dram_capacity_bytes=stats.dram_capacity_blocks * block_bytes,
-                ssd_bytes=stats.ssd_bytes,
-                ssd_capacity_bytes=stats.ssd_capacity_blocks * block_bytes,
-                num_dram_blocks=stats.num_dram_blocks,
-                num_ssd_blocks=stats.num_ssd_blocks,
-                num_pinned_keys=stats.num_pinned_keys,
-                num_pending_handoffs=len(agent.inbox),
-            ),
+            prefill=prefill,
+            decode=decode,
+            memory=memory,
             events=kv_events_to_proto(agent.take_events()) if request.take_events else (),
         )

@@ -19,7 +19,9 @@ class AgentSettings:
     preset: str = "tiny"
     block_size: int = 64
     instance_id: str | None = None  # default: derived from the control address
-    conductor: str | None = None
+    conductor: str | None = None  # "host:port" of the Conductor to join; None: no heartbeats
+    heartbeat_interval_s: float = 1.0  # unless the Conductor's JoinReply names one
+    max_backlog_events: int = 100_000  # unacknowledged KV events kept for the Conductor
     dram_bytes: int = 256 << 20
     ssd_dir: Path | None = None
     ssd_bytes: int = 0
@@ -43,5 +45,11 @@ class AgentSettings:
             raise ValueError(f"transport must be one of {TRANSPORT_KINDS}, got {self.transport!r}")
         if self.dram_bytes < 0 or self.ssd_bytes < 0:
             raise ValueError("capacities must be >= 0 bytes")
+        if self.conductor is not None:
+            parse_address(self.conductor)
+        if not self.heartbeat_interval_s > 0:
+            raise ValueError(f"heartbeat interval must be > 0 s, got {self.heartbeat_interval_s}")
+        if self.max_backlog_events < 1:
+            raise ValueError(f"max backlog events must be >= 1, got {self.max_backlog_events}")
         if self.tbt_slo_s is not None and self.profile is None:
             raise ValueError("the local TBT check (--tbt-slo) needs a cost-model --profile")

@@ -28,7 +28,20 @@ def agent_command(
     preset: str = typer.Option("tiny", "--preset", help="Model preset."),
     block_size: int = typer.Option(64, "--block-size", min=1, help="Tokens per KV block."),
     instance_id: str | None = typer.Option(None, "--instance-id", help="Default: role@listen."),
-    conductor: str | None = typer.Option(None, "--conductor", help="Conductor address."),
+    conductor: str | None = typer.Option(
+        None, "--conductor", help="Conductor HOST:PORT to join and send heartbeats to."
+    ),
+    heartbeat_interval_s: float = typer.Option(
+        1.0,
+        "--heartbeat-interval-s",
+        help="Seconds between heartbeats (unless the Conductor says).",
+    ),
+    max_backlog_events: int = typer.Option(
+        100_000,
+        "--max-backlog-events",
+        min=1,
+        help="Unacknowledged KV events kept for the Conductor; past it the oldest are dropped.",
+    ),
     dram_bytes: int = typer.Option(256 << 20, "--dram-bytes", min=0, help="DRAM tier bytes."),
     ssd_dir: Path | None = typer.Option(None, "--ssd-dir", help="SSD tier directory."),
     ssd_bytes: int = typer.Option(0, "--ssd-bytes", min=0, help="SSD tier bytes."),
@@ -51,6 +64,8 @@ def agent_command(
             block_size=block_size,
             instance_id=instance_id,
             conductor=conductor,
+            heartbeat_interval_s=heartbeat_interval_s,
+            max_backlog_events=max_backlog_events,
             dram_bytes=dram_bytes,
             ssd_dir=ssd_dir,
             ssd_bytes=ssd_bytes,

@@ -326,3 +326,77 @@ class AgentState(_message.Message):
     memory: Memory
     events: _containers.RepeatedCompositeFieldContainer[KvEvent]
     def __init__(self, instance_id: _Optional[str] = ..., role: _Optional[_Union[Role, str]] = ..., control_address: _Optional[str] = ..., data_address: _Optional[str] = ..., transport: _Optional[str] = ..., preset: _Optional[str] = ..., block_size: _Optional[int] = ..., draining: _Optional[bool] = ..., now_s: _Optional[float] = ..., prefill: _Optional[_Union[PrefillLoad, _Mapping]] = ..., decode: _Optional[_Union[DecodeLoad, _Mapping]] = ..., memory: _Optional[_Union[Memory, _Mapping]] = ..., events: _Optional[_Iterable[_Union[KvEvent, _Mapping]]] = ...) -> None: ...
+
+class JoinRequest(_message.Message):
+    __slots__ = ("instance_id", "role", "control_address", "data_address", "transport", "preset", "block_size", "kv_capacity_tokens", "dram_capacity_bytes", "ssd_capacity_bytes", "now_s")
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    CONTROL_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    DATA_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORT_FIELD_NUMBER: _ClassVar[int]
+    PRESET_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    KV_CAPACITY_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    DRAM_CAPACITY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SSD_CAPACITY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    NOW_S_FIELD_NUMBER: _ClassVar[int]
+    instance_id: str
+    role: Role
+    control_address: str
+    data_address: str
+    transport: str
+    preset: str
+    block_size: int
+    kv_capacity_tokens: int
+    dram_capacity_bytes: int
+    ssd_capacity_bytes: int
+    now_s: float
+    def __init__(self, instance_id: _Optional[str] = ..., role: _Optional[_Union[Role, str]] = ..., control_address: _Optional[str] = ..., data_address: _Optional[str] = ..., transport: _Optional[str] = ..., preset: _Optional[str] = ..., block_size: _Optional[int] = ..., kv_capacity_tokens: _Optional[int] = ..., dram_capacity_bytes: _Optional[int] = ..., ssd_capacity_bytes: _Optional[int] = ..., now_s: _Optional[float] = ...) -> None: ...
+
+class JoinReply(_message.Message):
+    __slots__ = ("accepted", "heartbeat_interval_s", "message")
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    accepted: bool
+    heartbeat_interval_s: float
+    message: str
+    def __init__(self, accepted: _Optional[bool] = ..., heartbeat_interval_s: _Optional[float] = ..., message: _Optional[str] = ...) -> None: ...
+
+class HeartbeatRequest(_message.Message):
+    __slots__ = ("instance_id", "sequence", "now_s", "role", "draining", "prefill", "decode", "memory", "events", "first_event_index", "num_dropped_events", "final")
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    NOW_S_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    DRAINING_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_FIELD_NUMBER: _ClassVar[int]
+    DECODE_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    FIRST_EVENT_INDEX_FIELD_NUMBER: _ClassVar[int]
+    NUM_DROPPED_EVENTS_FIELD_NUMBER: _ClassVar[int]
+    FINAL_FIELD_NUMBER: _ClassVar[int]
+    instance_id: str
+    sequence: int
+    now_s: float
+    role: Role
+    draining: bool
+    prefill: PrefillLoad
+    decode: DecodeLoad
+    memory: Memory
+    events: _containers.RepeatedCompositeFieldContainer[KvEvent]
+    first_event_index: int
+    num_dropped_events: int
+    final: bool
+    def __init__(self, instance_id: _Optional[str] = ..., sequence: _Optional[int] = ..., now_s: _Optional[float] = ..., role: _Optional[_Union[Role, str]] = ..., draining: _Optional[bool] = ..., prefill: _Optional[_Union[PrefillLoad, _Mapping]] = ..., decode: _Optional[_Union[DecodeLoad, _Mapping]] = ..., memory: _Optional[_Union[Memory, _Mapping]] = ..., events: _Optional[_Iterable[_Union[KvEvent, _Mapping]]] = ..., first_event_index: _Optional[int] = ..., num_dropped_events: _Optional[int] = ..., final: _Optional[bool] = ...) -> None: ...
+
+class HeartbeatReply(_message.Message):
+    __slots__ = ("acknowledged", "rejoin", "message")
+    ACKNOWLEDGED_FIELD_NUMBER: _ClassVar[int]
+    REJOIN_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    acknowledged: bool
+    rejoin: bool
+    message: str
+    def __init__(self, acknowledged: _Optional[bool] = ..., rejoin: _Optional[bool] = ..., message: _Optional[str] = ...) -> None: ...

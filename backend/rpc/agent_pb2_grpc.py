@@ -354,3 +354,119 @@ class Agent:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class ConductorStub:
+    """Missing associated documentation comment in .proto file."""
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Join = channel.unary_unary(
+                '/kvcentric.agent.v1.Conductor/Join',
+                request_serializer=backend_dot_rpc_dot_agent__pb2.JoinRequest.SerializeToString,
+                response_deserializer=backend_dot_rpc_dot_agent__pb2.JoinReply.FromString,
+                _registered_method=True)
+        self.Heartbeat = channel.unary_unary(
+                '/kvcentric.agent.v1.Conductor/Heartbeat',
+                request_serializer=backend_dot_rpc_dot_agent__pb2.HeartbeatRequest.SerializeToString,
+                response_deserializer=backend_dot_rpc_dot_agent__pb2.HeartbeatReply.FromString,
+                _registered_method=True)
+
+
+class ConductorServicer:
+    """Missing associated documentation comment in .proto file."""
+
+    def Join(self, request, context):
+        """Refused with UNAUTHENTICATED without the shared secret.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Heartbeat(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_ConductorServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Join': grpc.unary_unary_rpc_method_handler(
+                    servicer.Join,
+                    request_deserializer=backend_dot_rpc_dot_agent__pb2.JoinRequest.FromString,
+                    response_serializer=backend_dot_rpc_dot_agent__pb2.JoinReply.SerializeToString,
+            ),
+            'Heartbeat': grpc.unary_unary_rpc_method_handler(
+                    servicer.Heartbeat,
+                    request_deserializer=backend_dot_rpc_dot_agent__pb2.HeartbeatRequest.FromString,
+                    response_serializer=backend_dot_rpc_dot_agent__pb2.HeartbeatReply.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'kvcentric.agent.v1.Conductor', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('kvcentric.agent.v1.Conductor', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class Conductor:
+    """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def Join(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvcentric.agent.v1.Conductor/Join',
+            backend_dot_rpc_dot_agent__pb2.JoinRequest.SerializeToString,
+            backend_dot_rpc_dot_agent__pb2.JoinReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Heartbeat(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvcentric.agent.v1.Conductor/Heartbeat',
+            backend_dot_rpc_dot_agent__pb2.HeartbeatRequest.SerializeToString,
+            backend_dot_rpc_dot_agent__pb2.HeartbeatReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

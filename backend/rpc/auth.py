@@ -1,6 +1,11 @@
-"""How the agents' shared secret travels with every gRPC call: one metadata entry."""
+"""How the agents' shared secret travels with every gRPC call (one metadata entry), and the
+server interceptor that checks it (the Agent and the Conductor service use the same)."""
 
 import hmac
+from collections.abc import Callable
+from typing import Any
+
+import grpc
 
 SECRET_METADATA_KEY = "kvcentric-secret"
 
@@ -16,3 +21,30 @@ def holds_secret(metadata: object, secret: str) -> bool:
         if key == SECRET_METADATA_KEY and isinstance(value, str):
             return hmac.compare_digest(value.encode(), secret.encode())
     return False
+
+
+class SecretInterceptor(grpc.ServerInterceptor):
+    """Refuses every call whose metadata lacks the shared secret (UNAUTHENTICATED)."""
+
+    def __init__(self, secret: str) -> None:
+        self._secret = secret
+
+    def intercept_service(self, continuation: Callable[..., Any], details: Any) -> Any:
+        handler = continuation(details)
+        if handler is None or holds_secret(details.invocation_metadata, self._secret):
+            return handler
+        message = f"missing or wrong shared secret (gRPC metadata {SECRET_METADATA_KEY!r})"
+
+        def deny(request: object, context: grpc.ServicerContext) -> None:
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+
+        make = (
+            grpc.unary_stream_rpc_method_handler
+            if handler.response_streaming
+            else grpc.unary_unary_rpc_method_handler
+        )
+        return make(
+            deny,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )

@@ -1,4 +1,5 @@
-"""Proto messages <-> backend.policy dataclasses: the one place the control plane converts.
+"""Proto messages <-> dataclasses (the policy's, and backend.rpc.reports' load, joins and
+heartbeats): the one place the control plane converts.
 
 The policy names instances by id; the wire also needs their data-plane addresses, so the
 converters that build dispatches take a mapping from instance id to data address.
@@ -11,8 +12,7 @@ from backend.policy.effects import Replicate as ReplicateEffect
 from backend.policy.events import KvDemoted, KvEvicted, KvStored, Role
 from backend.policy.index import Tier
 from backend.rpc import agent_pb2 as pb
-
-KvEvent = KvStored | KvEvicted | KvDemoted
+from backend.rpc.reports import AgentLoad, Heartbeat, Join, KvEvent
 
 _TIER_TO_PB = {Tier.DRAM: pb.DRAM, Tier.SSD: pb.SSD}
 _TIER_FROM_PB = {value: key for key, value in _TIER_TO_PB.items()}
@@ -150,3 +150,124 @@ def kv_events_to_proto(events: Iterable[KvEvent]) -> list[pb.KvEvent]:
 
 def kv_events_from_proto(messages: Iterable[pb.KvEvent]) -> list[KvEvent]:
     return [kv_event_from_proto(message) for message in messages]
+
+
+# -- load, joins and heartbeats (agent -> Conductor) ---------------------------------------
+def load_to_proto(load: AgentLoad) -> tuple[pb.PrefillLoad, pb.DecodeLoad, pb.Memory]:
+    """The three load messages GetState and Heartbeat carry."""
+    return (
+        pb.PrefillLoad(
+            num_queued=load.num_queued,
+            num_running=load.num_running,
+            queued_tokens=load.queued_tokens,
+        ),
+        pb.DecodeLoad(
+            batch_size=load.batch_size,
+            context_tokens=load.context_tokens,
+            predicted_tbt_s=load.predicted_tbt_s,
+            tbt_slo_s=load.tbt_slo_s,
+            last_step_s=load.last_step_s,
+        ),
+        pb.Memory(
+            dram_bytes=load.dram_bytes,
+            dram_capacity_bytes=load.dram_capacity_bytes,
+            ssd_bytes=load.ssd_bytes,
+            ssd_capacity_bytes=load.ssd_capacity_bytes,
+            num_dram_blocks=load.num_dram_blocks,
+            num_ssd_blocks=load.num_ssd_blocks,
+            num_pinned_keys=load.num_pinned_keys,
+            num_pending_handoffs=load.num_pending_handoffs,
+        ),
+    )
+
+
+def load_from_proto(prefill: pb.PrefillLoad, decode: pb.DecodeLoad, memory: pb.Memory) -> AgentLoad:
+    return AgentLoad(
+        num_queued=prefill.num_queued,
+        num_running=prefill.num_running,
+        queued_tokens=prefill.queued_tokens,
+        batch_size=decode.batch_size,
+        context_tokens=decode.context_tokens,
+        predicted_tbt_s=decode.predicted_tbt_s,
+        tbt_slo_s=decode.tbt_slo_s,
+        last_step_s=decode.last_step_s,
+        dram_bytes=memory.dram_bytes,
+        dram_capacity_bytes=memory.dram_capacity_bytes,
+        ssd_bytes=memory.ssd_bytes,
+        ssd_capacity_bytes=memory.ssd_capacity_bytes,
+        num_dram_blocks=memory.num_dram_blocks,
+        num_ssd_blocks=memory.num_ssd_blocks,
+        num_pinned_keys=memory.num_pinned_keys,
+        num_pending_handoffs=memory.num_pending_handoffs,
+    )
+
+
+def join_to_proto(join: Join) -> pb.JoinRequest:
+    return pb.JoinRequest(
+        instance_id=join.instance_id,
+        role=role_to_proto(join.role),
+        control_address=join.control_address,
+        data_address=join.data_address,
+        transport=join.transport,
+        preset=join.preset,
+        block_size=join.block_size,
+        kv_capacity_tokens=join.kv_capacity_tokens,
+        dram_capacity_bytes=join.dram_capacity_bytes,
+        ssd_capacity_bytes=join.ssd_capacity_bytes,
+        now_s=join.now_s,
+    )
+
+
+def join_from_proto(message: pb.JoinRequest) -> Join:
+    """The join; ValueError for a missing instance id or role."""
+    if not message.instance_id:
+        raise ValueError("a join needs an instance id")
+    return Join(
+        now_s=message.now_s,
+        instance_id=message.instance_id,
+        role=role_from_proto(message.role),
+        control_address=message.control_address,
+        data_address=message.data_address,
+        transport=message.transport,
+        preset=message.preset,
+        block_size=message.block_size,
+        kv_capacity_tokens=message.kv_capacity_tokens,
+        dram_capacity_bytes=message.dram_capacity_bytes,
+        ssd_capacity_bytes=message.ssd_capacity_bytes,
+    )
+
+
+def heartbeat_to_proto(heartbeat: Heartbeat) -> pb.HeartbeatRequest:
+    prefill, decode, memory = load_to_proto(heartbeat.load)
+    return pb.HeartbeatRequest(
+        instance_id=heartbeat.instance_id,
+        sequence=heartbeat.sequence,
+        now_s=heartbeat.now_s,
+        role=role_to_proto(heartbeat.role),
+        draining=heartbeat.draining,
+        prefill=prefill,
+        decode=decode,
+        memory=memory,
+        events=kv_events_to_proto(heartbeat.events),
+        first_event_index=heartbeat.first_event_index,
+        num_dropped_events=heartbeat.num_dropped_events,
+        final=heartbeat.is_final,
+    )
+
+
+def heartbeat_from_proto(message: pb.HeartbeatRequest) -> Heartbeat:
+    """The heartbeat; ValueError for a missing instance id, role or a bad event."""
+    if not message.instance_id:
+        raise ValueError("a heartbeat needs an instance id")
+    return Heartbeat(
+        now_s=message.now_s,
+        instance_id=message.instance_id,
+        sequence=message.sequence,
+        role=role_from_proto(message.role),
+        draining=message.draining,
+        load=load_from_proto(message.prefill, message.decode, message.memory),
+        events=tuple(kv_events_from_proto(message.events)),
+        first_event_index=message.first_event_index,
+        num_dropped_events=message.num_dropped_events,
+        is_final=message.final,
+    )

@@ -10,11 +10,16 @@ from backend.rpc.convert import (
     cache_plan_from_proto,
     cache_plan_to_proto,
     dispatch_prefill_to_proto,
+    heartbeat_from_proto,
+    heartbeat_to_proto,
+    join_from_proto,
+    join_to_proto,
     kv_event_from_proto,
     kv_event_to_proto,
     role_from_proto,
     role_to_proto,
 )
+from backend.rpc.reports import AgentLoad, Heartbeat, Join
 
 BIG_KEY = 2**64 - 1
 
@@ -69,3 +74,19 @@ def test_roles_and_bad_enums() -> None:
         role_from_proto(pb.ROLE_UNSPECIFIED)
     with pytest.raises(ValueError, match="tier"):
         kv_event_from_proto(pb.KvEvent(kind=pb.KvEvent.STORED, keys=[1]))
+
+
+def test_joins_and_heartbeats_round_trip() -> None:
+    join = Join(1.0, "p1", "prefill", "127.0.0.1:1", "127.0.0.1:2", "tcp", "tiny", 64, 640, 9, 0)
+    assert (
+        join_from_proto(pb.JoinRequest.FromString(join_to_proto(join).SerializeToString())) == join
+    )
+    load = AgentLoad(1, 2, 300, 4, 500, 0.25, 0.5, 0.125, 7, 8, 9, 10, 11, 12, 13, 14)
+    events = (KvStored(1.5, "d1", (1, BIG_KEY), Tier.SSD), KvEvicted(2.0, "d1", (3,)))
+    beat = Heartbeat(2.5, "d1", 7, "decode", True, load, events, BIG_KEY - 5, 3, True)
+    wire = pb.HeartbeatRequest.FromString(heartbeat_to_proto(beat).SerializeToString())
+    assert heartbeat_from_proto(wire) == beat
+    with pytest.raises(ValueError, match="instance id"):
+        heartbeat_from_proto(pb.HeartbeatRequest(role=pb.DECODE))
+    with pytest.raises(ValueError, match="role"):
+        join_from_proto(pb.JoinRequest(instance_id="p1"))
