@@ -1,5 +1,6 @@
-"""Serving an agent until SIGTERM: bind the control API to --listen only, push heartbeats
-to the Conductor when one is named, then drain."""
+"""Serving an agent until SIGTERM: bind the control API to --listen only (and Prometheus
+metrics to --metrics-listen only, when named), push heartbeats to the Conductor when one
+is named, then drain."""
 
 import logging
 import os
@@ -12,6 +13,7 @@ import grpc
 
 from agents.node.faults import Faults
 from agents.node.heartbeat import Heartbeats
+from agents.node.metrics import AgentMetrics, MetricsServer
 from agents.node.node import NodeAgent
 from agents.node.service import AgentService
 from agents.node.settings import AgentSettings
@@ -23,8 +25,8 @@ logger = logging.getLogger(__name__)
 DRAIN_TIMEOUT_S = 30.0
 
 
-def serve(settings: AgentSettings) -> int:
-    """Run the agent; prints one 'ready' line with both addresses; returns the exit code."""
+def serve(settings: AgentSettings, metrics_listen: str | None = None) -> int:
+    """Run the agent; prints one 'ready' line with its addresses; returns the exit code."""
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
@@ -39,10 +41,15 @@ def serve(settings: AgentSettings) -> int:
     instance_id = settings.instance_id or f"{settings.role}@{control_address}"
     agent = NodeAgent(settings, instance_id, Faults.from_environ(os.environ))
     pb_grpc.add_AgentServicer_to_server(AgentService(agent, control_address), server)
+    metrics = AgentMetrics(agent)
+    metrics_server = None
+    if metrics_listen is not None:
+        metrics_server = MetricsServer(metrics.registry, metrics_listen)  # raises on bind
     server.start()
     print(
         f"kvcentric agent ready: id={instance_id} role={settings.role} "
-        f"control={control_address} data={agent.data_address}",
+        f"control={control_address} data={agent.data_address}"
+        + (f" metrics={metrics_server.address}" if metrics_server else ""),
         flush=True,
     )
     heartbeats = None
@@ -63,11 +70,13 @@ def serve(settings: AgentSettings) -> int:
     if heartbeats is not None:
         heartbeats.close()  # after the drain: the final heartbeat carries its KV events
     server.stop(grace=5).wait()
+    if metrics_server is not None:
+        metrics_server.close()
     agent.close()
     print(f"kvcentric agent {instance_id} stopped", flush=True)
     return 0
 
 
-def main(settings: AgentSettings) -> None:
+def main(settings: AgentSettings, metrics_listen: str | None = None) -> None:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(message)s")
-    sys.exit(serve(settings))
+    sys.exit(serve(settings, metrics_listen))

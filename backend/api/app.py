@@ -1,5 +1,5 @@
-"""create_app: the Conductor's FastAPI app with its open health endpoints, the request body
-limit and the error handlers that make every error a JSON body with a message.
+"""create_app: the Conductor's FastAPI app with its open health and metrics endpoints, the
+request body limit and the error handlers that make every error a JSON body with a message.
 
 Errors use the OpenAI shape, which OpenAI clients understand:
 `{"error": {"message": ..., "type": ..., "code": ...}}`. Raise `HTTPException` with `detail`
@@ -13,11 +13,12 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from backend.api.auth import Authenticator
+from backend.metrics import ConductorMetrics
 from backend.settings import ConductorSettings
 
 logger = logging.getLogger(__name__)
@@ -32,8 +33,11 @@ def create_app(
     settings: ConductorSettings,
     *,
     readiness_checks: Mapping[str, ReadinessCheck] | None = None,
+    metrics: ConductorMetrics | None = None,
+    metrics_path: str | None = "/metrics",
 ) -> FastAPI:
-    """The app, with only /healthz and /readyz; routers are included by the caller."""
+    """The app, with only /healthz, /readyz and `metrics_path` (None: no metrics route);
+    routers are included by the caller, who records into `app.state.metrics`."""
     app = FastAPI(
         title="kvcentric Conductor",
         summary="KVCache-centric, prefill/decode-disaggregated LLM serving (after Mooncake)",
@@ -42,6 +46,9 @@ def create_app(
     app.state.settings = settings
     app.state.authenticator = Authenticator.from_settings(settings)
     app.state.readiness_checks = dict(readiness_checks or {})
+    app.state.metrics = metrics or ConductorMetrics(
+        block_size=settings.block_size, scheduler=settings.prefill_scheduler
+    )
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_body_bytes)
     app.add_exception_handler(HTTPException, _on_http_error)
     app.add_exception_handler(RequestValidationError, _on_validation_error)
@@ -62,6 +69,18 @@ def create_app(
             return JSONResponse({"status": "ready", "checks": results})
         body = error_body(503, f"not ready: {', '.join(failing)}", code="not_ready")
         return JSONResponse({**body, "status": "not ready", "checks": results}, status_code=503)
+
+    if metrics_path is not None:  # open like the health endpoints: scrapers carry no key
+
+        @app.get(
+            metrics_path,
+            tags=["health"],
+            summary="Prometheus metrics (text format)",
+            response_class=PlainTextResponse,
+        )
+        async def prometheus_metrics(request: Request) -> PlainTextResponse:
+            collected: ConductorMetrics = request.app.state.metrics
+            return PlainTextResponse(collected.render(), media_type=collected.content_type)
 
     return app
 

@@ -49,10 +49,16 @@ def agent_command(
     seed: int = typer.Option(0, "--seed", help="Seed of the dummy weights."),
     profile: Path | None = typer.Option(None, "--profile", help="Cost-model profile JSON."),
     tbt_slo: float | None = typer.Option(None, "--tbt-slo", help="Local TBT check, seconds."),
+    metrics_listen: str | None = typer.Option(
+        None,
+        "--metrics-listen",
+        help="Serve Prometheus metrics over HTTP on HOST:PORT (bound there only). Default: off.",
+    ),
 ) -> None:
     """Serve DispatchPrefill/DispatchDecode/... over gRPC until SIGTERM (then drain, exit 0)."""
     from agents.node.main import main
     from agents.node.settings import AgentSettings
+    from agents.transport import parse_address
 
     try:
         settings = AgentSettings(
@@ -74,7 +80,9 @@ def agent_command(
             profile=profile,
             tbt_slo_s=tbt_slo,
         )
+        if metrics_listen is not None:
+            parse_address(metrics_listen)
     except ValueError as error:
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(_EXIT_BAD_INPUT) from None
-    main(settings)
+    main(settings, metrics_listen)
