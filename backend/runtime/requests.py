@@ -1,0 +1,73 @@
+"""One submitted request as its caller sees it: streamed tokens, then one terminal outcome."""
+
+import queue
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from backend.db.records import RequestOutcome
+from backend.policy.effects import DispatchPrefill
+
+
+@dataclass(frozen=True, slots=True)
+class Sampling:
+    """How decode picks tokens; temperature 0 is greedy."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    seed: int = 0
+
+
+_END = object()
+
+
+@dataclass(eq=False)
+class RequestStream:
+    """Tokens as they arrive (iterate it) and the single terminal `outcome` (`result()`).
+
+    `decisions` are the DispatchPrefill effects made for the request (a re-route adds one);
+    `retry_after_s` is set on admission rejections. The runtime writes, the caller reads.
+    """
+
+    request_id: str
+    token_ids: tuple[int, ...]
+    max_tokens: int
+    sampling: Sampling
+    arrival_s: float
+    on_token: Callable[[int], None] | None = None
+    tokens: list[int] = field(default_factory=list)
+    decisions: list[DispatchPrefill] = field(default_factory=list)
+    outcome: RequestOutcome | None = None
+    retry_after_s: float | None = None
+    num_reused_tokens: int = 0
+    num_fetched_tokens: int = 0
+    dispatch: DispatchPrefill | None = None  # the prefill the core currently expects
+    stage: str = "prefill"  # "decode" once its prefill finished
+    _queue: "queue.Queue[object]" = field(default_factory=queue.Queue)
+    _done: threading.Event = field(default_factory=threading.Event)
+
+    def __iter__(self) -> Iterator[int]:
+        while (item := self._queue.get()) is not _END:
+            yield item  # type: ignore[misc]
+
+    def result(self, timeout_s: float | None = None) -> RequestOutcome:
+        """Wait for the terminal outcome; TimeoutError if it has not come in `timeout_s`."""
+        if not self._done.wait(timeout_s):
+            raise TimeoutError(f"request {self.request_id} has no outcome after {timeout_s} s")
+        assert self.outcome is not None
+        return self.outcome
+
+    @property
+    def is_finished(self) -> bool:
+        return self.outcome is not None
+
+    def push_token(self, token: int) -> None:
+        self.tokens.append(token)
+        self._queue.put(token)
+        if self.on_token is not None:
+            self.on_token(token)
+
+    def close(self) -> None:
+        """Called once, after `outcome` is set."""
+        self._queue.put(_END)
+        self._done.set()

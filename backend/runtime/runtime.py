@@ -1,0 +1,482 @@
+"""ConductorRuntime: the live driver of the policy core.
+
+One lock owns the core: every event is fed, and the in-memory part of its effects carried
+out, while holding it. Blocking work (agent RPCs, database writes) runs outside the lock on
+a thread pool, one worker per request from dispatch to its last token. Time comes from an
+injected monotonic clock.
+"""
+
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent import futures
+from dataclasses import dataclass, field
+
+import grpc
+from sqlalchemy.orm import Session, sessionmaker
+
+from backend.db import request_log
+from backend.db.records import RequestOutcome
+from backend.policy import ConductorCore, CostModel, block_keys
+from backend.policy import events as ev
+from backend.policy.effects import (
+    DispatchDecode,
+    DispatchPrefill,
+    Effect,
+    Evict,
+    FailRequest,
+    Reject,
+    Replicate,
+)
+from backend.rpc import agent_pb2 as pb
+from backend.rpc import agent_pb2_grpc as pb_grpc
+from backend.rpc.auth import SecretInterceptor, call_metadata
+from backend.rpc.convert import (
+    dispatch_decode_to_proto,
+    dispatch_prefill_to_proto,
+    evict_to_proto,
+    kv_events_from_proto,
+)
+from backend.rpc.reports import AgentLoad, Heartbeat, Join
+from backend.runtime.requests import RequestStream, Sampling
+from backend.runtime.service import ConductorService
+from backend.settings.conductor import ConductorSettings
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class AgentInfo:
+    """A joined agent: its addresses, a stub to its Agent service, its last report."""
+
+    join: Join
+    last_seen_s: float
+    channel: grpc.Channel
+    stub: pb_grpc.AgentStub
+    load: AgentLoad = field(default_factory=AgentLoad)
+
+
+class ConductorRuntime:
+    """Serves Join/Heartbeat, admits and runs requests, detects dead agents; see module doc."""
+
+    def __init__(
+        self,
+        settings: ConductorSettings,
+        cost: CostModel,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        session_factory: sessionmaker[Session] | None = None,
+        grpc_address: str | None = None,
+        max_workers: int = 32,
+    ) -> None:
+        assert settings.agent_secret is not None, "the runtime needs the agents' secret"
+        self.config = settings.policy_config()
+        self.core = ConductorCore(self.config, cost)
+        self.heartbeat_interval_s = settings.heartbeat_interval_s
+        self.heartbeat_timeout_s = settings.heartbeat_timeout_s
+        self._secret = settings.agent_secret.get_secret_value()
+        self._metadata = call_metadata(self._secret)
+        self._clock = clock
+        self._sessions = session_factory
+        self._address = grpc_address or f"{settings.grpc_host}:{settings.grpc_port}"
+        self._lock = threading.Lock()
+        self._agents: dict[str, AgentInfo] = {}
+        self._requests: dict[str, RequestStream] = {}
+        self._left: dict[str, str] = {}  # instance id -> why it left
+        self._pool = futures.ThreadPoolExecutor(max_workers, thread_name_prefix="runtime")
+        self._server: grpc.Server | None = None
+        self._stopping = threading.Event()
+        self._monitor: threading.Thread | None = None
+        self.port = 0
+
+    # -- life ------------------------------------------------------------------------------
+    @property
+    def address(self) -> str:
+        host = self._address.rsplit(":", 1)[0]
+        return f"{host}:{self.port}"
+
+    def start(self, *, watch: bool = True) -> "ConductorRuntime":
+        """Serve the Conductor service; `watch`: check heartbeats periodically (else call
+        `check_heartbeats()` yourself)."""
+        server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="conductor-rpc"),
+            interceptors=[SecretInterceptor(self._secret)],
+            options=[("grpc.so_reuseport", 0)],
+        )
+        pb_grpc.add_ConductorServicer_to_server(ConductorService(self), server)
+        self.port = server.add_insecure_port(self._address)
+        server.start()
+        self._server = server
+        if watch:
+            self._monitor = threading.Thread(
+                target=self._watch, name="heartbeat-monitor", daemon=True
+            )
+            self._monitor.start()
+        return self
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self._server is not None:
+            self._server.stop(grace=0).wait()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        with self._lock:
+            agents = list(self._agents.values())
+        for agent in agents:
+            agent.channel.close()
+
+    def agents(self) -> dict[str, AgentInfo]:
+        with self._lock:
+            return dict(self._agents)
+
+    def left(self) -> dict[str, str]:
+        """Instances that left, and why."""
+        with self._lock:
+            return dict(self._left)
+
+    # -- agents: joins, heartbeats, death ----------------------------------------------------
+    def on_join(self, join: Join) -> tuple[bool, str]:
+        if join.block_size != self.config.block_size:
+            message = f"block size {join.block_size} != the Conductor's {self.config.block_size}"
+            return False, message
+        channel = grpc.insecure_channel(join.control_address)
+        info = AgentInfo(join, self._clock(), channel, pb_grpc.AgentStub(channel))
+        capacity = join.kv_capacity_tokens if join.role == "decode" else None
+        with self._lock:
+            old = self._agents.pop(join.instance_id, None)
+            self._agents[join.instance_id] = info
+            self._left.pop(join.instance_id, None)
+            effects = self.core.handle(
+                ev.AgentJoined(self._clock(), join.instance_id, join.role, capacity)
+            )
+            after = self._apply(effects)
+        if old is not None:
+            old.channel.close()
+        self._after(after)
+        logger.info("agent %s joined as %s", join.instance_id, join.role)
+        return True, ""
+
+    def on_heartbeat(self, heartbeat: Heartbeat) -> bool:
+        """Apply a heartbeat; False when the instance is unknown (it must join again)."""
+        with self._lock:
+            info = self._agents.get(heartbeat.instance_id)
+            if info is None:
+                return False
+            now_s = self._clock()
+            info.last_seen_s, info.load = now_s, heartbeat.load
+            effects: list[Effect] = []
+            for event in heartbeat.events:
+                effects.extend(self.core.handle(dataclasses.replace(event, now_s=now_s)))
+            after = self._apply(effects)
+        self._after(after)
+        if heartbeat.is_final:
+            self.leave(heartbeat.instance_id, "stopped")
+        return True
+
+    def check_heartbeats(self) -> list[str]:
+        """Declare agents silent for longer than the timeout dead; returns their ids."""
+        now_s = self._clock()
+        with self._lock:
+            silent = [
+                (agent_id, now_s - info.last_seen_s)
+                for agent_id, info in self._agents.items()
+                if now_s - info.last_seen_s > self.heartbeat_timeout_s
+            ]
+        for agent_id, silence_s in silent:
+            self.leave(agent_id, f"missed heartbeats for {silence_s:.1f} s")
+        return [agent_id for agent_id, _ in silent]
+
+    def leave(self, instance_id: str, reason: str) -> None:
+        """Take an agent out: the core re-routes what it had not started, fails the rest."""
+        with self._lock:
+            info = self._agents.pop(instance_id, None)
+            if info is None:
+                return
+            self._left[instance_id] = reason
+            effects = self.core.handle(ev.AgentLeft(self._clock(), instance_id, reason))
+            after = self._apply(effects)
+        info.channel.close()
+        logger.warning("agent %s left: %s", instance_id, reason)
+        self._after(after)
+
+    def _watch(self) -> None:
+        period_s = min(self.heartbeat_interval_s, self.heartbeat_timeout_s / 4)
+        while not self._stopping.wait(period_s):
+            self.check_heartbeats()
+
+    # -- requests ----------------------------------------------------------------------------
+    def submit(
+        self,
+        request_id: str,
+        token_ids: Sequence[int],
+        max_tokens: int,
+        *,
+        ttft_slo_s: float | None = None,
+        tbt_slo_s: float | None = None,
+        sampling: Sampling = Sampling(),
+        on_token: Callable[[int], None] | None = None,
+    ) -> RequestStream:
+        """Admit and run one request; tokens stream on the returned RequestStream."""
+        if max_tokens < 1 or not token_ids:
+            raise ValueError("a request needs prompt tokens and max_tokens >= 1")
+        now_s = self._clock()
+        keys = tuple(block_keys(token_ids, self.config.block_size))
+        arrival = ev.RequestArrived(
+            now_s, request_id, keys, len(token_ids), max_tokens, ttft_slo_s, tbt_slo_s
+        )
+        stream = RequestStream(
+            request_id, tuple(token_ids), max_tokens, sampling, now_s, on_token=on_token
+        )
+        with self._lock:
+            if request_id in self._requests:
+                raise ValueError(f"request {request_id!r} was already submitted")
+            self._requests[request_id] = stream
+        if self._sessions is not None:
+            with self._sessions() as session:
+                request_log.record_arrival(
+                    session=session, arrival=arrival, block_size=self.config.block_size
+                )
+        with self._lock:
+            after = self._apply(self.core.handle(arrival))
+        self._after(after)
+        return stream
+
+    def request(self, request_id: str) -> RequestStream | None:
+        with self._lock:
+            return self._requests.get(request_id)
+
+    # -- effects -----------------------------------------------------------------------------
+    def _apply(self, effects: Sequence[Effect]) -> list[Callable[[], None]]:
+        """Carry out effects in memory (lock held); returns the blocking work to do after."""
+        after: list[Callable[[], None]] = []
+        replicated = {e.request_id for e in effects if isinstance(e, Replicate)}
+        for effect in effects:
+            if isinstance(effect, DispatchPrefill):
+                stream = self._requests[effect.request_id]
+                stream.dispatch = effect
+                stream.decisions.append(effect)
+                replicate = effect.request_id in replicated
+                after.append(lambda e=effect: self._record_decision(e))
+                self._pool.submit(self._run, effect, replicate)
+            elif isinstance(effect, Reject):
+                outcome = self._outcome("rejected", effect.reason, effect.stage, effect.message)
+                stream = self._requests[effect.request_id]
+                stream.retry_after_s = effect.retry_after_s
+                after.extend(self._end(effect.request_id, outcome))
+            elif isinstance(effect, FailRequest):
+                stage = self._requests[effect.request_id].stage
+                outcome = self._outcome("failed", effect.reason, stage)
+                after.extend(self._end(effect.request_id, outcome))
+            elif isinstance(effect, Evict):
+                info = self._agents.get(effect.instance_id)
+                if info is not None:
+                    after.append(lambda s=info.stub, e=effect: self._evict(s, e))
+            # Replicate rides on its DispatchPrefill (replicate=True); DispatchDecode is
+            # carried out by the worker thread that fed PrefillFinished.
+        return after
+
+    def _after(self, work: list[Callable[[], None]]) -> None:
+        for job in work:
+            job()
+
+    def _outcome(
+        self, state: str, reason: str | None, stage: str | None = None, message: str | None = None
+    ) -> RequestOutcome:
+        return RequestOutcome(
+            state,  # type: ignore[arg-type]
+            self._clock(),
+            reason=reason,
+            stage=stage,
+            message=message,
+        )
+
+    def _end(self, request_id: str, outcome: RequestOutcome) -> list[Callable[[], None]]:
+        """Set the single terminal outcome (lock held); a second one is ignored."""
+        stream = self._requests.get(request_id)
+        if stream is None or stream.outcome is not None:
+            return []
+        stream.outcome = dataclasses.replace(
+            outcome,
+            num_generated_tokens=len(stream.tokens),
+            num_reused_tokens=stream.num_reused_tokens,
+            num_transferred_tokens=stream.num_fetched_tokens,
+            ttft_s=outcome.ttft_s,
+        )
+        stream.dispatch = None
+        return [lambda: self._finish(stream)]
+
+    def _finish(self, stream: RequestStream) -> None:
+        assert stream.outcome is not None
+        try:
+            if self._sessions is not None:
+                with self._sessions() as session:
+                    request_log.record_outcome(
+                        session=session, request_id=stream.request_id, outcome=stream.outcome
+                    )
+        finally:
+            stream.close()
+
+    def _record_decision(self, effect: DispatchPrefill) -> None:
+        if self._sessions is not None:
+            with self._sessions() as session:
+                request_log.record_decision(session=session, decision=effect, now_s=self._clock())
+
+    def _evict(self, stub: pb_grpc.AgentStub, effect: Evict) -> None:
+        try:
+            reply = stub.EvictBlocks(evict_to_proto(effect), metadata=self._metadata, timeout=10)
+        except grpc.RpcError as error:
+            logger.warning("evict on %s failed: %s", effect.instance_id, error)
+            return
+        self._feed_kv(kv_events_from_proto(reply.events))
+
+    def _feed(self, event: ev.Event) -> tuple[Effect, ...]:
+        with self._lock:
+            effects = self.core.handle(event)
+            after = self._apply(effects)
+        self._after(after)
+        return effects
+
+    def _feed_kv(self, events: Sequence[ev.KvStored | ev.KvEvicted | ev.KvDemoted]) -> None:
+        with self._lock:
+            now_s = self._clock()
+            effects: list[Effect] = []
+            for event in events:
+                if event.instance_id in self._agents:
+                    effects.extend(self.core.handle(dataclasses.replace(event, now_s=now_s)))
+            after = self._apply(effects)
+        self._after(after)
+
+    # -- one request's life on the agents (a pool thread) -------------------------------------
+    def _run(self, effect: DispatchPrefill, replicate: bool) -> None:
+        stream = self._requests[effect.request_id]
+        try:
+            self._run_prefill(stream, effect, replicate)
+        except Exception as error:  # never lose a request to a bug in this thread
+            logger.exception("request %s failed", effect.request_id)
+            self._fail(stream, f"runtime error: {error}", "prefill")
+
+    def _run_prefill(self, stream: RequestStream, effect: DispatchPrefill, replicate: bool) -> None:
+        with self._lock:
+            if stream.dispatch is not effect:
+                return  # re-routed or ended meanwhile
+            prefill = self._agents.get(effect.instance_id)
+            if prefill is None:
+                return  # its AgentLeft re-routes or fails it
+            addresses = {i: a.join.data_address for i, a in self._agents.items()}
+            prefill_id = effect.instance_id
+            started = ev.PrefillStarted(self._clock(), stream.request_id, prefill_id)
+            after = self._apply(self.core.handle(started))
+        self._after(after)
+        request = dispatch_prefill_to_proto(
+            effect, stream.token_ids, addresses, replicate=replicate
+        )
+        request.sampling.CopyFrom(_sampling_to_proto(stream.sampling))
+        try:
+            reply = prefill.stub.DispatchPrefill(request, metadata=self._metadata)
+        except grpc.RpcError as error:
+            self._on_rpc_error(stream, prefill_id, error, "prefill")
+            return
+        ttft_s = self._clock() - stream.arrival_s
+        stream.num_reused_tokens = reply.num_reused_tokens
+        stream.num_fetched_tokens = reply.num_fetched_tokens
+        self._feed_kv(kv_events_from_proto(reply.events))
+        with self._lock:
+            if stream.dispatch is not effect:
+                return
+            effects = self.core.handle(
+                ev.PrefillFinished(self._clock(), stream.request_id, prefill_id)
+            )
+            stream.stage = "decode"
+            after = self._apply(effects)
+        self._after(after)
+        for decode in effects:
+            if isinstance(decode, DispatchDecode) and decode.request_id == stream.request_id:
+                self._run_decode(stream, decode, reply.first_token, ttft_s)
+
+    def _run_decode(
+        self, stream: RequestStream, effect: DispatchDecode, first_token: int, ttft_s: float
+    ) -> None:
+        with self._lock:
+            agent = self._agents.get(effect.instance_id)
+        if agent is None:
+            self._fail(stream, f"decode instance {effect.instance_id} is gone", "decode")
+            return
+        request = dispatch_decode_to_proto(
+            effect, first_token=first_token, max_tokens=stream.max_tokens
+        )
+        request.sampling.CopyFrom(_sampling_to_proto(stream.sampling))
+        started = False
+        try:
+            for message in agent.stub.DispatchDecode(request, metadata=self._metadata):
+                if stream.is_finished:
+                    return  # failed meanwhile (its decode agent left)
+                if message.done:
+                    self._on_decode_done(stream, effect, message, ttft_s)
+                    return
+                if not started:
+                    started = True
+                    self._feed(
+                        ev.DecodeStarted(self._clock(), stream.request_id, effect.instance_id)
+                    )
+                stream.push_token(message.token)
+                self._feed(ev.DecodeStep(self._clock(), stream.request_id, len(stream.tokens)))
+        except grpc.RpcError as error:
+            self._on_rpc_error(stream, effect.instance_id, error, "decode")
+            return
+        self._fail(stream, "decode stream ended without a terminal message", "decode")
+
+    def _on_decode_done(
+        self,
+        stream: RequestStream,
+        effect: DispatchDecode,
+        message: pb.DecodeMessage,
+        ttft_s: float,
+    ) -> None:
+        now_s = self._clock()
+        if message.status == "rejected":
+            reason = message.reason or "decode_rejected"
+            event: ev.Event = ev.DecodeRejected(
+                now_s, stream.request_id, effect.instance_id, reason
+            )
+            outcome = self._outcome("rejected", reason, message.stage or "decode")
+        else:
+            event = ev.DecodeFinished(now_s, stream.request_id)
+            outcome = dataclasses.replace(self._outcome("completed", None), ttft_s=ttft_s)
+        with self._lock:
+            after = self._apply(self.core.handle(event))
+            after.extend(self._end(stream.request_id, outcome))
+        self._after(after)
+
+    def _on_rpc_error(
+        self, stream: RequestStream, instance_id: str, error: grpc.RpcError, stage: str
+    ) -> None:
+        """An unreachable agent is dead (AgentLeft fails its in-flight requests, this one
+        included); any other error fails just this request."""
+        code = error.code()  # type: ignore[attr-defined]
+        if code == grpc.StatusCode.UNAVAILABLE:
+            self.leave(instance_id, f"unreachable ({error.details()})")  # type: ignore[attr-defined]
+        self._fail(stream, f"{stage} on {instance_id} failed: {code.name}", stage)
+
+    def _fail(self, stream: RequestStream, reason: str, stage: str) -> None:
+        """End a request as failed and drop it from the core's books.
+
+        The core has no event for "this request failed"; DecodeRejected is the one that
+        forgets a request wherever it stands, so it stands in (after PrefillFinished when
+        the prefill had started, whose DispatchDecode is ignored).
+        """
+        with self._lock:
+            if stream.outcome is not None:
+                return
+            now_s = self._clock()
+            dispatch = stream.dispatch
+            if dispatch is not None:
+                self.core.handle(ev.PrefillFinished(now_s, stream.request_id, dispatch.instance_id))
+            decode_id = dispatch.decode_instance_id if dispatch is not None else ""
+            self.core.handle(ev.DecodeRejected(now_s, stream.request_id, decode_id, reason))
+            after = self._end(stream.request_id, self._outcome("failed", reason, stage))
+        self._after(after)
+
+
+def _sampling_to_proto(sampling: Sampling) -> pb.Sampling:
+    return pb.Sampling(temperature=sampling.temperature, top_k=sampling.top_k, seed=sampling.seed)

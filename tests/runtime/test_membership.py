@@ -1,0 +1,140 @@
+"""Joins, heartbeats and dead-agent detection over the real Conductor gRPC service, with the
+runtime's clock under the test's control (no agent processes needed)."""
+
+import threading
+import time
+from concurrent import futures
+
+import grpc
+import pytest
+
+from backend.rpc import agent_pb2 as pb
+from backend.rpc import agent_pb2_grpc as pb_grpc
+from backend.rpc.auth import call_metadata
+from backend.runtime import ConductorRuntime
+from tests.runtime.conftest import BLOCK, COST, SECRET, make_settings
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now_s = 100.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+@pytest.fixture
+def conductor():
+    clock = Clock()
+    runtime = ConductorRuntime(
+        make_settings(heartbeat_timeout_s=3.0, heartbeat_interval_s=1.0),
+        COST,
+        clock=clock,
+        grpc_address="127.0.0.1:0",
+    ).start(watch=False)  # the test checks heartbeats itself
+    channel = grpc.insecure_channel(runtime.address)
+    yield runtime, clock, pb_grpc.ConductorStub(channel)
+    channel.close()
+    runtime.stop()
+
+
+def _join(instance_id: str, role: int, block_size: int = BLOCK) -> pb.JoinRequest:
+    return pb.JoinRequest(
+        instance_id=instance_id,
+        role=role,
+        control_address="127.0.0.1:1",
+        data_address="127.0.0.1:2",
+        block_size=block_size,
+        kv_capacity_tokens=4096,
+    )
+
+
+def _beat(instance_id: str, keys: list[int]) -> pb.HeartbeatRequest:
+    stored = pb.KvEvent(
+        kind=pb.KvEvent.STORED, now_s=1e9, instance_id=instance_id, keys=keys, tier=pb.DRAM
+    )
+    return pb.HeartbeatRequest(
+        instance_id=instance_id, sequence=1, role=pb.PREFILL, events=[stored]
+    )
+
+
+def test_calls_without_the_secret_are_refused(conductor) -> None:
+    _, _, stub = conductor
+    with pytest.raises(grpc.RpcError) as error:
+        stub.Join(_join("p1", pb.PREFILL))
+    assert error.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
+def test_join_heartbeat_and_death_by_silence(conductor) -> None:
+    runtime, clock, stub = conductor
+    secret = call_metadata(SECRET)
+    unknown = stub.Heartbeat(_beat("p1", [1]), metadata=secret)
+    assert unknown.rejoin and not unknown.acknowledged
+
+    wrong = stub.Join(_join("p0", pb.PREFILL, block_size=BLOCK * 2), metadata=secret)
+    assert not wrong.accepted and "block size" in wrong.message
+    reply = stub.Join(_join("p1", pb.PREFILL), metadata=secret)
+    assert reply.accepted and reply.heartbeat_interval_s == 1.0
+    assert runtime.agents()["p1"].join.data_address == "127.0.0.1:2"
+
+    clock.now_s += 2.0
+    assert stub.Heartbeat(_beat("p1", [11, 12]), metadata=secret).acknowledged
+    assert runtime.core.index.prefix_blocks((11, 12), ["p1"]) == {"p1": 2}
+    clock.now_s += 2.5  # 2.5 s since the last heartbeat: within the timeout
+    assert runtime.check_heartbeats() == []
+
+    clock.now_s += 1.0
+    assert runtime.check_heartbeats() == ["p1"]
+    assert "p1" not in runtime.agents() and "missed heartbeats" in runtime.left()["p1"]
+    assert "p1" not in runtime.core.prefill
+    assert stub.Heartbeat(_beat("p1", [13]), metadata=secret).rejoin
+
+
+class HungAgent(pb_grpc.AgentServicer):
+    """An agent that accepts a prefill and never answers until released (a hung node)."""
+
+    def __init__(self) -> None:
+        self.called = threading.Event()
+        self.release = threading.Event()
+
+    def DispatchPrefill(self, request, context):
+        self.called.set()
+        self.release.wait(10)
+        return pb.DispatchPrefillReply(request_id=request.request_id, first_token=1)
+
+
+def test_in_flight_prefill_on_a_silent_agent_fails_once_and_rejections_are_terminal(
+    conductor,
+) -> None:
+    runtime, clock, stub = conductor
+    secret = call_metadata(SECRET)
+    hung = HungAgent()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    pb_grpc.add_AgentServicer_to_server(hung, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        join = _join("p1", pb.PREFILL)
+        join.control_address = f"127.0.0.1:{port}"
+        assert stub.Join(join, metadata=secret).accepted
+        assert stub.Join(_join("d1", pb.DECODE), metadata=secret).accepted
+
+        refused = runtime.submit("too-fast", list(range(1, 200)), 4, ttft_slo_s=1e-9)
+        outcome = refused.result(5)
+        assert (outcome.state, outcome.stage) == ("rejected", "admission")
+        assert refused.retry_after_s is not None
+
+        stream = runtime.submit("r1", list(range(1, 200)), 4)
+        assert hung.called.wait(5)
+        clock.now_s += 4.0
+        decode_beat = pb.HeartbeatRequest(instance_id="d1", sequence=1, role=pb.DECODE)
+        assert stub.Heartbeat(decode_beat, metadata=secret).acknowledged
+        assert runtime.check_heartbeats() == ["p1"]
+        outcome = stream.result(5)
+        assert outcome.state == "failed" and "p1 lost: missed heartbeats" in (outcome.reason or "")
+        hung.release.set()  # the late reply must not end the request a second time
+        time.sleep(0.2)
+        assert stream.outcome is outcome and runtime.core.num_in_flight == 0
+    finally:
+        hung.release.set()
+        server.stop(grace=0)

@@ -1,0 +1,101 @@
+"""The runtime over real agent processes (2 prefill + 1 decode, tiny preset) that join it
+and heartbeat to it; the reference is a single-process run of the same seeded model."""
+
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from agents.model import PagedKv, build_model
+from agents.workers import DecodeRequest, DecodeWorker
+from backend.db import request_log
+from backend.policy import block_keys
+from backend.runtime import ConductorRuntime
+from tests.harness.agents import AgentProcess, stop_agents, wait_all
+from tests.runtime.conftest import BLOCK, COST, SECRET, make_settings
+
+MAX_TOKENS = 6
+
+
+@pytest.fixture
+def cluster(sessions):
+    runtime = ConductorRuntime(
+        make_settings(), COST, session_factory=sessions, grpc_address="127.0.0.1:0"
+    ).start()
+    extra = ("--conductor", runtime.address)
+    agents = wait_all(
+        [AgentProcess(role, SECRET, *extra) for role in ("prefill", "prefill", "decode")]
+    )
+    deadline = time.monotonic() + 30
+    while len(runtime.agents()) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(runtime.agents()) == 3
+    yield runtime, agents
+    stop_agents(agents)
+    runtime.stop()
+
+
+@pytest.fixture(scope="module")
+def model():
+    return build_model("tiny", seed=0, device="cpu")
+
+
+def _reference(model, tokens: list[int]) -> list[int]:
+    logits, kv = model.full_prefill(torch.tensor(tokens))
+    outputs: list[int] = []
+    worker = DecodeWorker(model, on_token=lambda _, token: outputs.append(token))
+    worker.submit(
+        DecodeRequest("ref", PagedKv.from_layers(kv, BLOCK), int(torch.argmax(logits)), MAX_TOKENS)
+    )
+    worker.run_until_idle()
+    return outputs
+
+
+def _prompt(seed: int, shared: np.ndarray, tail: int) -> list[int]:
+    rng = np.random.default_rng(seed)
+    return [*shared.tolist(), *rng.integers(0, 32_000, tail).tolist()]
+
+
+def test_requests_complete_reuse_prefixes_and_survive_a_killed_agent(cluster, model, sessions):
+    runtime, agents = cluster
+    shared = np.random.default_rng(0).integers(0, 32_000, 3 * BLOCK)
+    first, second = _prompt(1, shared, 10), _prompt(2, shared, 20)
+
+    r1 = runtime.submit("r1", first, MAX_TOKENS)
+    assert list(r1) == _reference(model, first)
+    assert r1.result(30).state == "completed"
+    holder = r1.decisions[0].instance_id
+
+    r2 = runtime.submit("r2", second, MAX_TOKENS)
+    assert r2.result(30).state == "completed"
+    assert r2.tokens == _reference(model, second)
+    plan = r2.decisions[0].plan
+    assert r2.decisions[0].instance_id == holder  # cached locally: cheaper than a fetch
+    assert plan.local_keys == tuple(block_keys(second, BLOCK)[:3])
+    assert plan.num_reused_tokens == 3 * BLOCK and r2.num_reused_tokens == 3 * BLOCK
+
+    victim = next(agent for agent in agents if agent.instance_id == holder)
+    victim.process.kill()  # SIGKILL: no final heartbeat, no drain
+    victim.process.wait(10)
+    r3 = runtime.submit("r3", _prompt(3, shared, 30), MAX_TOKENS)  # routed to the dead holder
+    outcome3 = r3.result(30)
+    assert outcome3.state == "failed" and holder in (outcome3.reason or "")
+    assert holder not in runtime.agents()
+
+    third = _prompt(4, shared, 40)
+    r4 = runtime.submit("r4", third, MAX_TOKENS)
+    assert r4.result(30).state == "completed"
+    assert r4.tokens == _reference(model, third)
+    assert r4.decisions[0].instance_id != holder
+
+    with sessions() as session:
+        records = {
+            rid: request_log.get_request(session=session, request_id=rid)
+            for rid in ("r1", "r2", "r3", "r4")
+        }
+        assert {rid: rec.outcome.state for rid, rec in records.items()} == {
+            "r1": "completed", "r2": "completed", "r3": "failed", "r4": "completed",
+        }  # fmt: skip
+        assert records["r2"].outcome.num_reused_tokens == 3 * BLOCK
+        assert len(request_log.list_decisions(session=session, request_id="r2")) == 1
