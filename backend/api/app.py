@@ -18,7 +18,10 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from backend.api.auth import Authenticator
+from backend.api.routes import include_routes
+from backend.api.schemas.convert import ApiLimits
 from backend.metrics import ConductorMetrics
+from backend.runtime import ConductorRuntime
 from backend.settings import ConductorSettings
 
 logger = logging.getLogger(__name__)
@@ -35,9 +38,11 @@ def create_app(
     readiness_checks: Mapping[str, ReadinessCheck] | None = None,
     metrics: ConductorMetrics | None = None,
     metrics_path: str | None = "/metrics",
+    runtime: ConductorRuntime | None = None,
+    limits: ApiLimits | None = None,
 ) -> FastAPI:
-    """The app, with only /healthz, /readyz and `metrics_path` (None: no metrics route);
-    routers are included by the caller, who records into `app.state.metrics`."""
+    """The app, with /healthz, /readyz and `metrics_path` (None: no metrics route); with a
+    `runtime`, also the serving routes (`backend.api.routes`), served within `limits`."""
     app = FastAPI(
         title="kvcentric Conductor",
         summary="KVCache-centric, prefill/decode-disaggregated LLM serving (after Mooncake)",
@@ -82,6 +87,8 @@ def create_app(
             collected: ConductorMetrics = request.app.state.metrics
             return PlainTextResponse(collected.render(), media_type=collected.content_type)
 
+    if runtime is not None:
+        include_routes(app, runtime, limits=limits)
     return app
 
 

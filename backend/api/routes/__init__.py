@@ -1,0 +1,56 @@
+"""The REST API's serving routes (OpenAI-compatible and native) over a `ConductorRuntime`.
+
+`include_routes(app, runtime)` mounts them; route functions only convert (through
+`backend.api.schemas.convert`), submit and relay: the policy decides in the runtime.
+"""
+
+from fastapi import FastAPI
+
+from backend.api.routes import native, openai
+from backend.api.routes.serving import (
+    DEFAULT_MAX_INPUT_TOKENS,
+    DEFAULT_MAX_OUTPUT_TOKENS,
+    DEFAULT_MODEL,
+    VOCAB_SIZE,
+    Rejected,
+    Served,
+    on_invalid_request,
+    on_rejected,
+)
+from backend.api.schemas.convert import ApiLimits, InvalidRequest
+from backend.runtime import ConductorRuntime
+from backend.tokenizer import SyntheticTokenizer
+
+
+def default_limits(block_size: int) -> ApiLimits:
+    return ApiLimits(
+        models=(DEFAULT_MODEL,),
+        max_input_tokens=DEFAULT_MAX_INPUT_TOKENS,
+        max_output_tokens=DEFAULT_MAX_OUTPUT_TOKENS,
+        vocab_size=VOCAB_SIZE,
+        block_size=block_size,
+    )
+
+
+def include_routes(
+    app: FastAPI, runtime: ConductorRuntime, *, limits: ApiLimits | None = None
+) -> None:
+    """Mount the serving routes on an app made by `create_app` (which set its metrics)."""
+    settings = app.state.settings
+    limits = limits or default_limits(settings.block_size)
+    app.state.served = Served(
+        runtime=runtime,
+        limits=limits,
+        tokenizer=SyntheticTokenizer(limits.vocab_size),
+        metrics=app.state.metrics,
+        default_ttft_slo_s=settings.ttft_slo_s,
+        default_tbt_slo_s=settings.tbt_slo_s,
+        submitted={},
+    )
+    app.add_exception_handler(Rejected, on_rejected)
+    app.add_exception_handler(InvalidRequest, on_invalid_request)
+    app.include_router(openai.router)
+    app.include_router(native.router)
+
+
+__all__ = ["default_limits", "include_routes"]

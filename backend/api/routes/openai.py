@@ -1,0 +1,155 @@
+"""OpenAI-compatible routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models.
+
+With `stream: true` the answer is server-sent events in OpenAI's format, ending with
+`data: [DONE]`; otherwise one JSON body once the request has ended.
+"""
+
+from collections.abc import AsyncIterator
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from backend.api.auth import ApiKey
+from backend.api.routes.serving import (
+    ServedDep,
+    collect,
+    ended_badly,
+    finish_reason,
+    new_request_id,
+    relay,
+    stream_error_event,
+    submit,
+)
+from backend.api.schemas import (
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    CompletionRequest,
+    CompletionResponse,
+    ModelCard,
+    ModelList,
+)
+from backend.api.schemas.convert import (
+    SSE_DONE,
+    chat_chunk,
+    chat_response,
+    chat_usage_chunk,
+    completion_chunk,
+    completion_response,
+    prepare_chat,
+    prepare_completion,
+    sse_event,
+    usage,
+)
+from backend.api.schemas.errors import ErrorBody, RejectionBody
+
+router = APIRouter(prefix="/v1", tags=["openai"])
+
+_ERRORS: dict[int | str, dict[str, object]] = {
+    400: {"model": ErrorBody, "description": "Invalid request"},
+    401: {"model": ErrorBody, "description": "Missing or invalid API key"},
+    404: {"model": ErrorBody, "description": "Unknown model"},
+    422: {"model": ErrorBody, "description": "Malformed body"},
+    429: {"model": RejectionBody, "description": "Rejected early (overload); see Retry-After"},
+}
+_SSE = "text/event-stream"
+
+
+@router.get("/models", summary="The served models")
+async def list_models(principal: ApiKey, served: ServedDep) -> ModelList:
+    created = 0
+    return ModelList(data=[ModelCard(id=name, created=created) for name in served.limits.models])
+
+
+@router.post(
+    "/completions",
+    summary="Text completion (OpenAI-compatible); `stream: true` for SSE",
+    response_model=CompletionResponse,
+    responses=_ERRORS,
+)
+async def create_completion(body: CompletionRequest, principal: ApiKey, served: ServedDep):
+    prepared = prepare_completion(body, tokenizer=served.tokenizer, limits=served.limits)
+    request_id = new_request_id("cmpl")
+    stream = await submit(served, prepared, request_id=request_id, endpoint="completions")
+    created = served.submitted[request_id].created
+    ids = {"request_id": request_id, "model": prepared.model, "created": created}
+    if prepared.stream:
+
+        async def events() -> AsyncIterator[bytes]:
+            async for token in relay(served, stream):
+                text = served.tokenizer.token_text(token)
+                yield sse_event(completion_chunk(**ids, text=text))
+            if ended_badly(stream) is not None:
+                yield stream_error_event(stream)
+            else:
+                num_tokens = len(stream.tokens)
+                yield sse_event(
+                    completion_chunk(**ids, text="", finish_reason=finish_reason(stream))
+                )
+                if prepared.include_usage:
+                    used = usage(prepared.num_input_tokens, num_tokens)
+                    yield sse_event(
+                        CompletionResponse(
+                            id=request_id,
+                            created=created,
+                            model=prepared.model,
+                            choices=[],
+                            usage=used,
+                        )
+                    )
+            yield SSE_DONE
+
+        return StreamingResponse(events(), media_type=_SSE)
+    tokens = await collect(served, stream)
+    failure = ended_badly(stream)
+    if failure is not None:
+        return failure
+    return completion_response(
+        **ids,
+        text=served.tokenizer.decode(tokens),
+        finish_reason=finish_reason(stream),
+        usage=usage(prepared.num_input_tokens, len(tokens)),
+    )
+
+
+@router.post(
+    "/chat/completions",
+    summary="Chat completion (OpenAI-compatible); `stream: true` for SSE",
+    response_model=ChatCompletionResponse,
+    responses=_ERRORS,
+)
+async def create_chat_completion(
+    body: ChatCompletionRequest, principal: ApiKey, served: ServedDep
+) -> ChatCompletionResponse | JSONResponse | StreamingResponse:
+    prepared = prepare_chat(body, tokenizer=served.tokenizer, limits=served.limits)
+    request_id = new_request_id("chatcmpl")
+    stream = await submit(served, prepared, request_id=request_id, endpoint="chat")
+    created = served.submitted[request_id].created
+    ids = {"request_id": request_id, "model": prepared.model, "created": created}
+    if prepared.stream:
+
+        async def events() -> AsyncIterator[bytes]:
+            first: ChatCompletionChunk = chat_chunk(**ids, text="", is_first=True)
+            yield sse_event(first)
+            async for token in relay(served, stream):
+                yield sse_event(chat_chunk(**ids, text=served.tokenizer.token_text(token)))
+            if ended_badly(stream) is not None:
+                yield stream_error_event(stream)
+            else:
+                yield sse_event(chat_chunk(**ids, finish_reason=finish_reason(stream)))
+                if prepared.include_usage:
+                    used = usage(prepared.num_input_tokens, len(stream.tokens))
+                    yield sse_event(chat_usage_chunk(**ids, usage=used))
+            yield SSE_DONE
+
+        return StreamingResponse(events(), media_type=_SSE)
+    tokens = await collect(served, stream)
+    failure = ended_badly(stream)
+    if failure is not None:
+        return failure
+    return chat_response(
+        **ids,
+        text=served.tokenizer.decode(tokens),
+        finish_reason=finish_reason(stream),
+        usage=usage(prepared.num_input_tokens, len(tokens)),
+    )

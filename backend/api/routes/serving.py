@@ -1,0 +1,201 @@
+"""The routes' shared serving path: submit a prepared request to the runtime off the event
+loop, turn an admission rejection into 429, relay tokens to async code and record metrics.
+
+The runtime's `RequestStream` blocks, so one relay thread per accepted request iterates it
+and hands tokens to the event loop through an asyncio queue; it also records the outcome,
+so metrics are right even when the client goes away mid-stream.
+"""
+
+import asyncio
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, HTTPException, Request
+from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
+
+from backend.api.schemas.convert import (
+    ApiLimits,
+    InvalidRequest,
+    PreparedRequest,
+    error_body,
+    rejection_response,
+)
+from backend.metrics import ConductorMetrics
+from backend.policy.effects import Reject
+from backend.runtime import ConductorRuntime, RequestStream, Sampling
+from backend.tokenizer import SyntheticTokenizer
+
+DEFAULT_MODEL = "tiny"
+DEFAULT_MAX_INPUT_TOKENS = 4096
+DEFAULT_MAX_OUTPUT_TOKENS = 1024
+VOCAB_SIZE = 32_000  # the agents' model presets
+
+_END = object()
+
+
+@dataclass(frozen=True, slots=True)
+class Served:
+    """What the routes need, set on `app.state.served` by `include_routes`."""
+
+    runtime: ConductorRuntime
+    limits: ApiLimits
+    tokenizer: SyntheticTokenizer
+    metrics: ConductorMetrics
+    default_ttft_slo_s: float
+    default_tbt_slo_s: float
+    submitted: dict[str, "Submitted"]
+
+
+@dataclass(frozen=True, slots=True)
+class Submitted:
+    """A request this API submitted: what the runtime's stream does not carry."""
+
+    model: str
+    created: int
+    arrived_at_s: float  # Unix epoch
+    num_input_tokens: int
+    max_tokens: int
+    ttft_slo_s: float
+    tbt_slo_s: float
+
+
+def get_served(request: Request) -> Served:
+    return request.app.state.served
+
+
+ServedDep = Annotated[Served, Depends(get_served)]
+
+
+class Rejected(HTTPException):
+    """An early rejection: 429 with the rejection body and Retry-After."""
+
+    def __init__(self, reject: Reject) -> None:
+        body, headers = rejection_response(reject)
+        super().__init__(status_code=429, detail=body.error.message, headers=headers)
+        self.body = body
+
+
+async def on_rejected(request: Request, error: Exception) -> JSONResponse:
+    assert isinstance(error, Rejected)
+    return JSONResponse(error.body.model_dump(), status_code=429, headers=error.headers)
+
+
+async def on_invalid_request(request: Request, error: Exception) -> JSONResponse:
+    assert isinstance(error, InvalidRequest)
+    return JSONResponse(error.body().model_dump(), status_code=error.status_code)
+
+
+def new_request_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+async def submit(
+    served: Served, prepared: PreparedRequest, *, request_id: str, endpoint: str
+) -> RequestStream:
+    """Submit off the event loop; raises `Rejected` when admission refuses it."""
+    served.metrics.record_submitted(endpoint)
+    ttft_slo_s = prepared.ttft_slo_s or served.default_ttft_slo_s
+    tbt_slo_s = prepared.tbt_slo_s or served.default_tbt_slo_s
+    served.submitted[request_id] = Submitted(
+        model=prepared.model,
+        created=int(time.time()),
+        arrived_at_s=time.time(),
+        num_input_tokens=prepared.num_input_tokens,
+        max_tokens=prepared.num_output_tokens,
+        ttft_slo_s=ttft_slo_s,
+        tbt_slo_s=tbt_slo_s,
+    )
+    sampling = Sampling(temperature=prepared.temperature, seed=prepared.seed or 0)
+    stream = await run_in_threadpool(
+        served.runtime.submit,
+        request_id,
+        prepared.token_ids.tolist(),
+        prepared.num_output_tokens,
+        ttft_slo_s=prepared.ttft_slo_s,
+        tbt_slo_s=prepared.tbt_slo_s,
+        sampling=sampling,
+    )
+    outcome = stream.outcome
+    if outcome is not None and outcome.state == "rejected" and not stream.decisions:
+        record_outcome(served.metrics, stream)
+        raise Rejected(as_reject(stream))
+    served.metrics.record_accepted(endpoint)
+    return stream
+
+
+def as_reject(stream: RequestStream) -> Reject:
+    outcome = stream.outcome
+    assert outcome is not None and outcome.state == "rejected"
+    return Reject(
+        request_id=stream.request_id,
+        reason=outcome.reason or "rejected",
+        stage="decode" if outcome.stage == "decode" else "admission",
+        message=outcome.message or f"request rejected: {outcome.reason}",
+        retry_after_s=stream.retry_after_s or 1.0,
+    )
+
+
+def record_outcome(metrics: ConductorMetrics, stream: RequestStream) -> None:
+    outcome = stream.outcome
+    assert outcome is not None
+    metrics.record_outcome(outcome.state, reason=outcome.reason or "", stage=outcome.stage or "")
+    if outcome.state == "rejected":
+        metrics.record_rejection(as_reject(stream))
+    if outcome.ttft_s is not None:
+        metrics.observe_ttft(outcome.ttft_s)
+
+
+async def relay(served: Served, stream: RequestStream) -> AsyncIterator[int]:
+    """The stream's tokens, read by a thread so the event loop never blocks; the outcome is
+    set (and recorded) when this ends."""
+    loop = asyncio.get_running_loop()
+    tokens: asyncio.Queue[object] = asyncio.Queue()
+
+    def pump() -> None:
+        try:
+            for token in stream:
+                loop.call_soon_threadsafe(tokens.put_nowait, token)
+            record_outcome(served.metrics, stream)
+        finally:
+            loop.call_soon_threadsafe(tokens.put_nowait, _END)
+
+    threading.Thread(target=pump, name=f"relay-{stream.request_id}", daemon=True).start()
+    while (token := await tokens.get()) is not _END:
+        yield token  # type: ignore[misc]
+
+
+async def collect(served: Served, stream: RequestStream) -> list[int]:
+    return [token async for token in relay(served, stream)]
+
+
+def finish_reason(stream: RequestStream) -> str:
+    return "length" if len(stream.tokens) >= stream.max_tokens else "stop"
+
+
+def ended_badly(stream: RequestStream) -> JSONResponse | None:
+    """The error response of a request that did not complete (after it ended), else None."""
+    outcome = stream.outcome
+    assert outcome is not None
+    if outcome.state == "completed":
+        return None
+    if outcome.state == "rejected":
+        body, headers = rejection_response(as_reject(stream))
+        return JSONResponse(body.model_dump(), status_code=429, headers=headers)
+    body = error_body(
+        f"request {stream.request_id} failed: {outcome.reason}",
+        error_type="server_error",
+        code="request_failed",
+    )
+    return JSONResponse(body.model_dump(), status_code=503)
+
+
+def stream_error_event(stream: RequestStream) -> bytes:
+    """The SSE event telling a streaming client its request did not complete."""
+    response = ended_badly(stream)
+    assert response is not None
+    return b"data: " + bytes(response.body) + b"\n\n"

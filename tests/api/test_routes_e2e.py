@@ -1,0 +1,134 @@
+"""The REST routes over a real runtime and real agent processes (2 prefill + 1 decode, tiny
+preset), served by uvicorn on a loopback port and called through the official openai client
+and httpx."""
+
+import socket
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+import uvicorn
+
+from backend.api.app import create_app
+from backend.runtime import ConductorRuntime
+from tests.harness.agents import AgentProcess, stop_agents, wait_all
+from tests.runtime.conftest import COST, SECRET, make_settings
+
+API_KEY = "api-key-0123456789"
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+
+
+@pytest.fixture(scope="module")
+def served():
+    settings = make_settings()
+    runtime = ConductorRuntime(settings, COST, grpc_address="127.0.0.1:0").start()
+    agents = wait_all(
+        [
+            AgentProcess(role, SECRET, "--conductor", runtime.address)
+            for role in ("prefill", "prefill", "decode")
+        ]
+    )
+    deadline = time.monotonic() + 30
+    while len(runtime.agents()) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(runtime.agents()) == 3
+    app = create_app(settings, runtime=runtime)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.01)
+    yield f"http://127.0.0.1:{port}", app
+    server.should_exit = True
+    thread.join(10)
+    stop_agents(agents)
+    runtime.stop()
+
+
+def test_a_streamed_completion_through_the_openai_client(served):
+    url, app = served
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key=API_KEY, max_retries=0)
+    chunks = list(
+        client.completions.create(
+            model="tiny", prompt="the quick brown fox jumps over", max_tokens=5, stream=True
+        )
+    )
+    texts = [chunk.choices[0].text for chunk in chunks if chunk.choices]
+    assert len([text for text in texts if text]) == 5
+    assert chunks[-1].choices[0].finish_reason == "length"
+    assert client.models.list().data[0].id == "tiny"
+    metrics = app.state.metrics.render().decode()
+    assert 'kvcentric_requests_accepted_total{endpoint="completions"} 1.0' in metrics
+
+
+def test_a_chat_completion_and_its_record(served):
+    url, _ = served
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key=API_KEY, max_retries=0)
+    reply = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "hello there"}], max_tokens=4
+    )
+    assert reply.choices[0].message.role == "assistant"
+    assert reply.choices[0].message.content
+    assert reply.usage is not None and reply.usage.completion_tokens == 4
+    record = httpx.get(f"{url}/v1/requests/{reply.id}", headers=AUTH).json()
+    assert record["state"] == "completed" and record["num_generated_tokens"] == 4
+    assert record["decision"]["prefill_instance_id"]
+    chunks = list(
+        client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=3, stream=True
+        )
+    )
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert len([c for c in chunks if c.choices and c.choices[0].delta.content]) == 3
+    assert chunks[-1].choices[0].finish_reason == "length"
+
+
+def test_native_token_ids_stream_as_sse_ending_with_done(served):
+    url, _ = served
+    body = {"token_ids": list(range(1, 80)), "max_tokens": 3, "stream": True}
+    with httpx.stream("POST", f"{url}/v1/native/requests", json=body, headers=AUTH) as response:
+        assert response.status_code == 200
+        lines = [line for line in response.iter_lines() if line]
+    assert lines[-1] == "data: [DONE]"
+    assert len(lines) == 3 + 1 + 1  # one per token, the finish chunk, [DONE]
+
+
+def test_submission_without_a_key_is_401(served):
+    url, _ = served
+    response = httpx.post(f"{url}/v1/completions", json={"model": "tiny", "prompt": "hi"})
+    assert response.status_code == 401
+    assert response.json()["error"]["code"] == "missing_credentials"
+
+
+def test_an_early_rejection_is_429_with_reason_stage_and_retry_after(served):
+    url, _ = served
+    body = {"token_ids": list(range(1, 2000)), "max_tokens": 2, "ttft_slo_s": 1e-6}
+    response = httpx.post(f"{url}/v1/native/requests", json=body, headers=AUTH)
+    assert response.status_code == 429, response.text
+    error = response.json()["error"]
+    assert error["stage"] == "admission" and error["reason"]
+    assert int(response.headers["Retry-After"]) >= 1
+
+
+@pytest.mark.parametrize(
+    ("body", "status"),
+    [
+        (b"{not json", 422),
+        (b'{"model": "tiny"}', 422),  # no prompt
+        (b'{"model": "tiny", "prompt": "hi", "max_tokens": 0}', 422),
+        (b'{"model": "nope", "prompt": "hi"}', 404),
+        (b'{"model": "tiny", "prompt": "hi", "max_tokens": 5000}', 400),
+        (b'{"model": "tiny", "prompt": [1, 99999]}', 400),
+    ],
+)
+def test_malformed_bodies_are_4xx_with_a_message(served, body, status):
+    url, _ = served
+    headers = {**AUTH, "Content-Type": "application/json"}
+    response = httpx.post(f"{url}/v1/completions", content=body, headers=headers)
+    assert response.status_code == status, response.text
+    assert response.json()["error"]["message"]
