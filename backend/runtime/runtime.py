@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from backend.db import request_log
 from backend.db.records import RequestOutcome
-from backend.policy import ConductorCore, CostModel, block_keys
+from backend.policy import ConductorCore, CostModel, PolicyConfig, block_keys
 from backend.policy import events as ev
 from backend.policy.effects import (
     DispatchDecode,
@@ -125,6 +125,18 @@ class ConductorRuntime:
             agents = list(self._agents.values())
         for agent in agents:
             agent.channel.close()
+
+    def reconfigure(self, config: PolicyConfig) -> None:
+        """Apply a new policy configuration to the running core (between two events)."""
+        if config.block_size != self.config.block_size:
+            raise ValueError("block_size cannot change while agents are joined with it")
+        with self._lock:
+            self.core.reconfigure(config)
+            self.config = config
+
+    def now_s(self) -> float:
+        """The runtime's clock, the one heartbeats and events are stamped with."""
+        return self._clock()
 
     def agents(self) -> dict[str, AgentInfo]:
         with self._lock:

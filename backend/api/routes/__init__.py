@@ -6,7 +6,7 @@
 
 from fastapi import FastAPI
 
-from backend.api.routes import native, openai
+from backend.api.routes import admin, native, observe, openai
 from backend.api.routes.serving import (
     DEFAULT_MAX_INPUT_TOKENS,
     DEFAULT_MAX_OUTPUT_TOKENS,
@@ -51,6 +51,8 @@ def include_routes(
     app.add_exception_handler(InvalidRequest, on_invalid_request)
     app.include_router(openai.router)
     app.include_router(native.router)
+    app.include_router(admin.router)
+    app.include_router(observe.router)
 
 
 __all__ = ["default_limits", "include_routes"]

@@ -1,0 +1,147 @@
+"""Read endpoints for the console and the twin: the recorded traffic of a window as a
+Mooncake-format trace (GET /v1/export/trace), per-agent state (GET /v1/agents) and request
+statistics over a recent window (GET /v1/stats). Queries live in `backend.db`."""
+
+import dataclasses
+import json
+import math
+import time
+from collections import Counter
+from collections.abc import Sequence
+from typing import Annotated
+
+from fastapi import APIRouter, HTTPException, Query, Response
+from pydantic import BaseModel
+
+from backend.api.auth import ApiKey
+from backend.api.routes.admin import RuntimeDep, SessionsDep
+from backend.api.schemas.errors import ErrorBody
+from backend.db.request_log import list_requests
+from backend.db.trace_export import export_trace
+from backend.rpc.reports import AgentLoad
+
+router = APIRouter(prefix="/v1", tags=["observe"])
+
+NDJSON = "application/x-ndjson"
+MAX_STATS_WINDOW_S = 7 * 24 * 3600.0
+_ERRORS: dict[int | str, dict[str, object]] = {
+    400: {"model": ErrorBody, "description": "Invalid window"},
+    401: {"model": ErrorBody, "description": "Missing or invalid credentials"},
+    503: {"model": ErrorBody, "description": "No database attached"},
+}
+
+
+class AgentView(BaseModel):
+    instance_id: str
+    role: str
+    rpc_address: str
+    data_address: str
+    last_heartbeat_s: float
+    seconds_since_heartbeat: float
+    transport: str
+    preset: str
+    load: dict[str, float | int]
+
+
+class Percentiles(BaseModel):
+    p50: float | None
+    p90: float | None
+    p99: float | None
+
+
+class StatsView(BaseModel):
+    window_s: float
+    num_requests: int
+    by_outcome: dict[str, int]
+    rejections_by_reason: dict[str, int]
+    rejections_by_stage: dict[str, int]
+    failures_by_reason: dict[str, int]
+    ttft_s: Percentiles
+
+
+@router.get(
+    "/export/trace",
+    summary="Requests that arrived in [start_s, end_s) as a Mooncake-format JSONL trace",
+    response_class=Response,
+    responses={**_ERRORS, 200: {"content": {NDJSON: {}}, "description": "One row a line"}},
+)
+def export_trace_jsonl(
+    principal: ApiKey, sessions: SessionsDep, start_s: float, end_s: float
+) -> Response:
+    if not (math.isfinite(start_s) and math.isfinite(end_s)) or end_s <= start_s:
+        raise HTTPException(
+            400, detail={"message": "need finite start_s < end_s", "code": "invalid_window"}
+        )
+    with sessions() as session:
+        records = export_trace(session=session, start_s=start_s, end_s=end_s)
+    body = "".join(
+        json.dumps(record.to_json_dict(), separators=(",", ":")) + "\n" for record in records
+    )
+    return Response(body, media_type=NDJSON)
+
+
+@router.get("/agents", summary="Each joined agent's role, addresses, heartbeat and load")
+def read_agents(principal: ApiKey, runtime: RuntimeDep) -> list[AgentView]:
+    now_s = runtime.now_s()  # heartbeats are stamped on its clock
+    return [
+        AgentView(
+            instance_id=instance_id,
+            role=agent.join.role,
+            rpc_address=agent.join.control_address,
+            data_address=agent.join.data_address,
+            last_heartbeat_s=agent.last_seen_s,
+            seconds_since_heartbeat=max(0.0, now_s - agent.last_seen_s),
+            transport=agent.join.transport,
+            preset=agent.join.preset,
+            load=_load(agent.load),
+        )
+        for instance_id, agent in sorted(runtime.agents().items())
+    ]
+
+
+@router.get(
+    "/stats",
+    summary="Outcomes, rejections by reason and stage, TTFT percentiles of the last window_s",
+    responses=_ERRORS,
+)
+def read_stats(
+    principal: ApiKey,
+    sessions: SessionsDep,
+    window_s: Annotated[float, Query(gt=0, le=MAX_STATS_WINDOW_S)] = 300.0,
+) -> StatsView:
+    now_s = time.time()
+    with sessions() as session:
+        # Arrivals up to one window earlier may have finished inside this window.
+        requests = list_requests(session=session, start_s=now_s - 2 * window_s, end_s=now_s + 1)
+    finished = [
+        r.outcome
+        for r in requests
+        if r.outcome is not None and r.outcome.finished_time_s >= now_s - window_s
+    ]
+    rejected = [o for o in finished if o.state == "rejected"]
+    ttfts = sorted(o.ttft_s for o in finished if o.state == "completed" and o.ttft_s is not None)
+    return StatsView(
+        window_s=window_s,
+        num_requests=len(finished),
+        by_outcome=dict(Counter(o.state for o in finished)),
+        rejections_by_reason=dict(Counter(o.reason or "unknown" for o in rejected)),
+        rejections_by_stage=dict(Counter(o.stage or "unknown" for o in rejected)),
+        failures_by_reason=dict(
+            Counter(o.reason or "unknown" for o in finished if o.state == "failed")
+        ),
+        ttft_s=Percentiles(
+            p50=_percentile(ttfts, 0.50), p90=_percentile(ttfts, 0.90), p99=_percentile(ttfts, 0.99)
+        ),
+    )
+
+
+def _percentile(sorted_values: Sequence[float], q: float) -> float | None:
+    """Nearest-rank percentile; None without values."""
+    if not sorted_values:
+        return None
+    rank = max(1, math.ceil(q * len(sorted_values)))
+    return sorted_values[rank - 1]
+
+
+def _load(load: AgentLoad) -> dict[str, float | int]:
+    return dataclasses.asdict(load)

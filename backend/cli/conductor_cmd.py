@@ -1,0 +1,136 @@
+"""`kvcentric conductor`: the backend. Loads the settings (flags > KVC_* > config file),
+migrates the database, starts the runtime (gRPC for agents) and serves the REST API with
+uvicorn until Ctrl-C or SIGTERM; the last saved configuration is restored at start."""
+
+import logging
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import typer
+from fastapi import FastAPI
+from sqlalchemy import Engine
+
+from backend.settings import ConductorSettings, SettingsError, load_settings
+
+if TYPE_CHECKING:  # imported when started, so `--help` stays fast
+    from backend.runtime import ConductorRuntime
+
+_EXIT_BAD_INPUT = 2
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Conductor:
+    """A started runtime, its app (database attached) and the engine to dispose at stop."""
+
+    settings: ConductorSettings
+    runtime: "ConductorRuntime"
+    app: FastAPI
+    engine: Engine
+    config_version: int
+
+    def stop(self) -> None:
+        self.runtime.stop()
+        self.engine.dispose()
+
+
+def start_conductor(settings: ConductorSettings, *, profile: Path | None = None) -> Conductor:
+    """Migrate, start the runtime on the wall clock and build the app with its database."""
+    import json
+
+    from backend.api.app import create_app
+    from backend.api.routes.admin import attach_database
+    from backend.db.session import create_db_engine, create_session_factory, run_migrations
+    from backend.policy import CostModel
+    from backend.runtime import ConductorRuntime
+
+    cost = (
+        CostModel.from_profile(json.loads(profile.read_text()))
+        if profile is not None
+        else CostModel.reference_70b()
+    )
+    run_migrations(settings.database_url)
+    engine = create_db_engine(settings.database_url)
+    sessions = create_session_factory(engine)
+    # Wall-clock time: recorded traffic stays comparable across restarts and exportable.
+    runtime = ConductorRuntime(settings, cost, clock=time.time, session_factory=sessions)
+    runtime.start()
+    try:
+        app = create_app(settings, runtime=runtime)
+        version = attach_database(app, sessions, now_s=time.time())
+    except BaseException:
+        runtime.stop()
+        engine.dispose()
+        raise
+    return Conductor(settings, runtime, app, engine, version)
+
+
+def conductor_command(
+    host: str | None = typer.Option(None, "--host", help="REST address (default 127.0.0.1)."),
+    port: int | None = typer.Option(None, "--port", help="REST port (default 8000)."),
+    grpc_host: str | None = typer.Option(None, "--grpc-host", help="gRPC address for agents."),
+    grpc_port: int | None = typer.Option(None, "--grpc-port", help="gRPC port (default 50051)."),
+    config: Path | None = typer.Option(None, "--config", help="TOML config file."),
+    database_url: str | None = typer.Option(
+        None, "--database-url", help="sqlite:// or postgresql:// (default: data/kvcentric.db)."
+    ),
+    dev: bool | None = typer.Option(
+        None, "--dev", help="Development: generate missing secrets and print them once."
+    ),
+    profile: Path | None = typer.Option(None, "--profile", help="Cost-model profile JSON."),
+) -> None:
+    """Serve the Conductor: REST API for clients, gRPC for agents; Ctrl-C stops it."""
+    flags = {
+        "host": host,
+        "port": port,
+        "grpc_host": grpc_host,
+        "grpc_port": grpc_port,
+        "database_url": database_url,
+        "dev": True if dev else None,
+    }
+    try:
+        settings = load_settings(flags, config)
+    except SettingsError as error:
+        for line in error.problems:
+            typer.echo(f"error: {line}", err=True)
+        raise typer.Exit(_EXIT_BAD_INPUT) from None
+    if profile is not None and not profile.is_file():
+        typer.echo(f"error: --profile: no file {profile}", err=True)
+        raise typer.Exit(_EXIT_BAD_INPUT)
+    logging.basicConfig(level=settings.log_level.upper(), stream=sys.stderr)
+    import uvicorn
+
+    try:
+        conductor = start_conductor(settings, profile=profile)
+    except Exception as error:  # a database or port we cannot use: one line, no traceback
+        typer.echo(f"error: cannot start: {type(error).__name__}: {error}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(
+        f"conductor: REST on http://{settings.host}:{settings.port}, agents join at "
+        f"{conductor.runtime.address}, configuration version {conductor.config_version}",
+        err=True,
+    )
+    # uvicorn handles SIGINT/SIGTERM: it stops accepting and finishes responses first.
+    server = uvicorn.Server(
+        uvicorn.Config(
+            conductor.app,
+            host=settings.host,
+            port=settings.port,
+            log_level=settings.log_level,
+            lifespan="off",
+        )
+    )
+    # uvicorn re-raises the signal it caught once it has shut down; with SIGTERM handled like
+    # Ctrl-C, both end up as KeyboardInterrupt here instead of killing the process mid-stop.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        server.run()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        conductor.stop()
+    typer.echo("conductor: stopped", err=True)

@@ -1,0 +1,1 @@
+"""Load generator: replays a Mooncake-format trace against the REST API's native endpoint."""

@@ -1,0 +1,88 @@
+"""The replay loop: each planned request sent at its time, results written as they end.
+
+Every planned request is sent once and yields exactly one result line, whatever happens to
+it; a concurrency limit delays sends (recorded in `sent_s`) rather than dropping them.
+"""
+
+import asyncio
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TextIO
+
+import httpx
+
+from backend.loadgen.client import send_request
+from backend.loadgen.plan import PlannedRequest
+from backend.loadgen.results import RequestResult
+
+_CONNECT_TIMEOUT_S = 5.0
+
+
+class PreflightError(Exception):
+    """The server cannot be replayed against (unreachable, or the key is refused); one line."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayRun:
+    results: list[RequestResult]
+    duration_s: float
+
+
+def check_server(base_url: str, api_key: str) -> None:
+    """Raise PreflightError unless GET /healthz answers and the key lists the models."""
+    headers = {"Authorization": f"Bearer {api_key}"}
+    try:
+        with httpx.Client(base_url=base_url, timeout=_CONNECT_TIMEOUT_S) as client:
+            health = client.get("/healthz")
+            if health.status_code != 200:
+                raise PreflightError(f"{base_url}/healthz answered HTTP {health.status_code}")
+            models = client.get("/v1/models", headers=headers)
+    except httpx.HTTPError as error:
+        raise PreflightError(f"cannot reach {base_url}: {error or type(error).__name__}") from None
+    if models.status_code == 401:
+        raise PreflightError(f"{base_url} refused the API key (HTTP 401); check --api-key")
+    if models.status_code != 200:
+        raise PreflightError(f"{base_url}/v1/models answered HTTP {models.status_code}")
+
+
+async def replay(
+    base_url: str,
+    api_key: str,
+    planned: Sequence[PlannedRequest],
+    out: TextIO,
+    *,
+    concurrency_limit: int | None = None,
+    on_result: Callable[[RequestResult], None] | None = None,
+) -> ReplayRun:
+    """Send `planned` against `base_url`, writing one JSON line per result to `out`."""
+    limit = concurrency_limit if concurrency_limit is not None else len(planned) or 1
+    slots = asyncio.Semaphore(limit)
+    results: list[RequestResult] = []
+    start = time.monotonic()
+    timeout = httpx.Timeout(None, connect=_CONNECT_TIMEOUT_S)
+    connections = httpx.Limits(max_connections=None, max_keepalive_connections=limit)
+    headers = {"Authorization": f"Bearer {api_key}"}
+
+    async def one(request: PlannedRequest) -> None:
+        await asyncio.sleep(max(0.0, request.send_at_s - (time.monotonic() - start)))
+        async with slots:
+            sent_s = time.monotonic() - start
+            try:
+                result = await send_request(client, request, sent_s=sent_s)
+            except Exception as error:  # a bad stream must still leave its line
+                result = RequestResult(
+                    line=request.line_number, sent_s=sent_s, status="failed", message=repr(error)
+                )
+        results.append(result)
+        out.write(json.dumps(result.to_record()) + "\n")
+        out.flush()
+        if on_result is not None:
+            on_result(result)
+
+    async with httpx.AsyncClient(
+        base_url=base_url, headers=headers, timeout=timeout, limits=connections
+    ) as client:
+        await asyncio.gather(*(one(request) for request in planned))
+    return ReplayRun(results=results, duration_s=time.monotonic() - start)

@@ -1,0 +1,146 @@
+"""`kvcentric replay` against a real stack: runtime, 2 prefill + 1 decode tiny agents and
+uvicorn on a loopback port, as in tests/api/test_routes_e2e.py."""
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from itertools import islice
+
+import httpx
+import pytest
+import uvicorn
+from typer.testing import CliRunner
+
+from backend.api.app import create_app
+from backend.cli import app as cli_app
+from backend.loadgen.client import send_request
+from backend.loadgen.plan import PlannedRequest
+from backend.runtime import ConductorRuntime
+from backend.traces import SHIPPED_TRACE
+from tests.harness.agents import AgentProcess, stop_agents, wait_all
+from tests.runtime.conftest import COST, SECRET, make_settings
+
+API_KEY = "api-key-0123456789"
+NUM_ROWS = 20
+TERMINAL = {"completed", "rejected", "failed", "http_error"}
+
+
+@pytest.fixture(scope="module")
+def url():
+    settings = make_settings()
+    runtime = ConductorRuntime(settings, COST, grpc_address="127.0.0.1:0").start()
+    agents = wait_all(
+        [
+            AgentProcess(role, SECRET, "--conductor", runtime.address)
+            for role in ("prefill", "prefill", "decode")
+        ]
+    )
+    deadline = time.monotonic() + 30
+    while len(runtime.agents()) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(runtime.agents()) == 3
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    app = create_app(settings, runtime=runtime)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.01)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(10)
+    stop_agents(agents)
+    runtime.stop()
+
+
+@pytest.fixture
+def short_trace(tmp_path):
+    path = tmp_path / "trace.jsonl"
+    with open(SHIPPED_TRACE) as shipped:
+        path.write_text("".join(islice(shipped, NUM_ROWS)))
+    return path
+
+
+def _replay(*args: str):
+    return CliRunner().invoke(cli_app, ["replay", "--api-key", API_KEY, *args])
+
+
+def test_a_short_replay_leaves_one_terminal_line_per_request(url, short_trace, tmp_path):
+    out = tmp_path / "results.jsonl"
+    result = _replay(
+        "--url", url, "--trace", str(short_trace), "--out", str(out),
+        "--speed", "20", "--length-scale", "0.02", "--max-tokens-cap", "8",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert sorted(record["line"] for record in records) == list(range(1, NUM_ROWS + 1))
+    assert {record["status"] for record in records} <= TERMINAL
+    completed = [record for record in records if record["status"] == "completed"]
+    assert completed, records
+    for record in completed:
+        assert record["ttft_s"] > 0 and record["id"]
+        assert record["num_tokens"] == record["max_tokens"]
+        if record["num_tokens"] > 1:
+            assert record["tbt"]["max_s"] >= record["tbt"]["mean_s"] > 0
+    for record in records:
+        if record["status"] == "rejected":
+            assert record["reason"] and record["stage"] and record["retry_after_s"] > 0
+    assert f"{NUM_ROWS} requests" in result.stdout and "TTFT" in result.stdout
+
+
+def test_a_bad_trace_line_exits_2_naming_file_and_line(tmp_path):
+    trace = tmp_path / "bad.jsonl"
+    trace.write_text('{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1]}\n')
+    trace.write_text(trace.read_text() + "{not json\n")
+    result = _replay("--url", "http://127.0.0.1:9", "--trace", str(trace), "--out", "x.jsonl")
+    assert result.exit_code == 2
+    assert f"{trace}:2:" in result.stderr
+
+
+def test_an_unreadable_trace_exits_2(tmp_path):
+    result = _replay(
+        "--url", "http://127.0.0.1:9", "--trace", str(tmp_path / "nope.jsonl"), "--out", "x"
+    )
+    assert result.exit_code == 2
+    assert "cannot read the trace" in result.stderr
+
+
+def test_an_unreachable_url_exits_2_with_one_line(short_trace, tmp_path):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # bound, never listening: connections are refused
+        result = _replay(
+            "--url", f"http://127.0.0.1:{port}", "--trace", str(short_trace),
+            "--out", str(tmp_path / "r.jsonl"),
+        )  # fmt: skip
+    assert result.exit_code == 2
+    assert "cannot reach" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_a_wrong_api_key_exits_2(url, short_trace, tmp_path):
+    result = CliRunner().invoke(
+        cli_app,
+        ["replay", "--url", url, "--trace", str(short_trace), "--out", str(tmp_path / "r"),
+         "--api-key", "wrong-key-0123456789"],
+    )  # fmt: skip
+    assert result.exit_code == 2
+    assert "401" in result.stderr
+
+
+def test_an_early_rejection_is_recorded_with_reason_stage_and_retry_after(url):
+    body = {"hash_ids": [1, 2, 3, 4], "input_length": 2000, "max_tokens": 2, "stream": True}
+    planned = PlannedRequest(line_number=7, send_at_s=0.0, body={**body, "ttft_slo_s": 1e-6})
+
+    async def send():
+        headers = {"Authorization": f"Bearer {API_KEY}"}
+        async with httpx.AsyncClient(base_url=url, headers=headers) as client:
+            return await send_request(client, planned, sent_s=0.0)
+
+    result = asyncio.run(send())
+    assert result.status == "rejected", result
+    assert result.stage == "admission" and result.reason and result.retry_after_s > 0
+    assert result.http_status == 429 and result.id and result.line == 7
