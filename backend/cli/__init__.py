@@ -10,6 +10,7 @@ from backend.cli.profile_cmd import profile
 from backend.cli.replay_cmd import replay_command
 from backend.cli.trace_cmd import trace_app
 from backend.cli.twin_cmd import twin_app
+from backend.cli.up_cmd import up_command
 
 app = typer.Typer(
     name="kvcentric",
@@ -25,6 +26,7 @@ app.command("agent")(agent_command)
 app.command("conductor")(conductor_command)
 app.command("profile")(profile)
 app.command("replay")(replay_command)
+app.command("up")(up_command)
 
 
 def main() -> None:

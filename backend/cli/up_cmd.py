@@ -1,0 +1,257 @@
+"""`kvcentric up`: the whole stack on one machine, for a first look.
+
+Generates the secrets (printed once; passed to the children in KVC_* variables, never on
+their command lines), starts `kvcentric conductor` on SQLite under --data-dir, waits for
+/healthz, starts the `tiny` agents on free loopback ports, waits until they have joined,
+replays a length-scaled window of the shipped trace and prints its summary, then keeps the
+stack running until Ctrl-C or SIGTERM, which stops every child (SIGTERM, then wait).
+"""
+
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from types import FrameType
+from typing import IO
+
+import typer
+
+_KVCENTRIC = str(Path(sys.executable).parent / "kvcentric")
+_SECRET_BYTES = 32
+_START_TIMEOUT_S = 120.0
+_STOP_TIMEOUT_S = 30.0
+
+
+class ChildFailed(Exception):
+    """A child exited (or never got ready) while the stack was starting."""
+
+
+class Child:
+    """One subprocess of the stack, its output in a log file."""
+
+    def __init__(
+        self, name: str, args: list[str], env: dict[str, str], log: Path, *, stdout_pipe: bool
+    ) -> None:
+        self.name = name
+        self.log = log
+        self._log_file: IO[str] = log.open("w")
+        self.process = subprocess.Popen(
+            args,
+            stdout=subprocess.PIPE if stdout_pipe else self._log_file,
+            stderr=self._log_file,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            text=True,
+            # Its own session: Ctrl-C reaches `up` only, which stops the children in order.
+            start_new_session=True,
+        )
+
+    def check_alive(self) -> None:
+        code = self.process.poll()
+        if code is not None:
+            raise ChildFailed(f"{self.name} exited with code {code}; see its log {self.log}")
+
+    def terminate(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+
+    def wait(self) -> None:
+        try:
+            self.process.wait(_STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self._log_file.close()
+
+
+def _free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def _get(url: str, api_key: str | None = None) -> object | None:
+    """The JSON body of a 200 answer, else None (not answering yet)."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=2) as r:
+            return json.loads(r.read() or b"null") if r.status == 200 else None
+    except (OSError, urllib.error.URLError, ValueError):
+        return None
+
+
+def _wait_for(what: str, ready, children: list[Child], timeout_s: float = _START_TIMEOUT_S):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        for child in children:
+            child.check_alive()
+        value = ready()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise ChildFailed(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        time.sleep(0.2)
+
+
+def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+def up_command(
+    prefill: int = typer.Option(2, "--prefill", min=1, help="Prefill agents."),
+    decode: int = typer.Option(1, "--decode", min=1, help="Decode agents."),
+    minutes: str = typer.Option("0:3", "--minutes", help="Window of the shipped trace (A:B)."),
+    length_scale: float = typer.Option(
+        0.02, "--length-scale", min=0.0, max=1.0, help="Shrinks prompts and outputs."
+    ),
+    speed: float = typer.Option(4.0, "--speed", min=0.0, help="Arrival-time speed-up."),
+    data_dir: Path = typer.Option(Path("data"), "--data-dir", help="SQLite database and logs."),
+    host: str = typer.Option("127.0.0.1", "--host", help="REST address."),
+    port: int = typer.Option(8000, "--port", help="REST port."),
+    grpc_port: int | None = typer.Option(
+        None, "--grpc-port", help="gRPC port for agents (default: a free one)."
+    ),
+    no_replay: bool = typer.Option(False, "--no-replay", help="Skip the trace replay."),
+) -> None:
+    """Start the Conductor, agents and a trace replay on this machine; Ctrl-C stops all."""
+    from backend.settings import ConductorSettings
+    from backend.traces import SHIPPED_TRACE
+
+    block_size = str(ConductorSettings.model_fields["block_size"].default)
+
+    signal.signal(signal.SIGINT, _raise_interrupt)  # even if the shell started us ignoring it
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    logs = data_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    api_key = secrets.token_urlsafe(_SECRET_BYTES)
+    admin_token = secrets.token_urlsafe(_SECRET_BYTES)
+    agent_secret = secrets.token_urlsafe(_SECRET_BYTES)
+    env = {
+        **os.environ,
+        "KVC_API_KEYS": f"dev:{api_key}",
+        "KVC_ADMIN_TOKEN": admin_token,
+        "KVC_AGENT_SECRET": agent_secret,
+        "KVC_DATA_DIR": str(data_dir),
+        "KVC_API_KEY": api_key,
+        "KVC_BLOCK_SIZE": block_size,  # the agents' must match the Conductor's
+    }
+    base_url = f"http://{host}:{port}"
+    gport = grpc_port if grpc_port is not None else _free_port("127.0.0.1")
+    children: list[Child] = []
+    replay: Child | None = None
+    try:
+        try:
+            conductor = Child(
+                "conductor",
+                [_KVCENTRIC, "conductor", "--host", host, "--port", str(port),
+                 "--grpc-host", "127.0.0.1", "--grpc-port", str(gport)],
+                env, logs / "conductor.log", stdout_pipe=False,
+            )  # fmt: skip
+            children.append(conductor)
+            _wait_for("the conductor's /healthz", lambda: _get(f"{base_url}/healthz"), children)
+            roles = ["prefill"] * prefill + ["decode"] * decode
+            for index, role in enumerate(roles):
+                children.append(
+                    Child(
+                        f"agent {role}-{index}",
+                        [
+                            _KVCENTRIC,
+                            "agent",
+                            "--role",
+                            role,
+                            "--listen",
+                            "127.0.0.1:0",
+                            "--data-listen",
+                            "127.0.0.1:0",
+                            "--preset",
+                            "tiny",
+                            "--instance-id",
+                            f"{role}-{index}",
+                            "--block-size",
+                            block_size,
+                            "--conductor",
+                            f"127.0.0.1:{gport}",
+                        ],
+                        env,
+                        logs / f"agent-{role}-{index}.log",
+                        stdout_pipe=False,
+                    )
+                )
+
+            def joined() -> bool:
+                agents = _get(f"{base_url}/v1/agents", api_key)
+                return isinstance(agents, list) and len(agents) >= len(roles)
+
+            _wait_for(f"{len(roles)} agents to join", joined, children)
+        except ChildFailed as error:
+            typer.echo(f"error: {error}", err=True)
+            raise typer.Exit(1) from None
+        typer.echo(
+            f"kvcentric up: conductor and {prefill} prefill + {decode} decode agents running\n"
+            f"  REST API: {base_url}/v1   docs: {base_url}/docs   metrics: {base_url}/metrics\n"
+            f"  agents join at 127.0.0.1:{gport}\n"
+            f"  secrets (random, shown only now):\n"
+            f"    KVC_API_KEY={api_key}\n"
+            f"    KVC_ADMIN_TOKEN={admin_token}\n"
+            f"    KVC_AGENT_SECRET={agent_secret}\n"
+            f"  logs: {logs}/",
+            err=False,
+        )
+        sys.stdout.flush()
+        if not no_replay:
+            typer.echo(f"replaying minutes {minutes} of the shipped trace ...")
+            sys.stdout.flush()
+            replay = Child(
+                "replay",
+                [_KVCENTRIC, "replay", "--url", base_url, "--trace", str(SHIPPED_TRACE),
+                 "--minutes", minutes, "--length-scale", str(length_scale),
+                 "--speed", str(speed), "--out", str(data_dir / "replay-results.jsonl")],
+                env, logs / "replay.log", stdout_pipe=True,
+            )  # fmt: skip
+            assert replay.process.stdout is not None
+            for line in replay.process.stdout:
+                typer.echo(f"  {line.rstrip()}")
+                sys.stdout.flush()
+            code = replay.process.wait()
+            replay.wait()
+            replay = None
+            if code == 0:
+                typer.echo("replay finished")
+            else:
+                typer.echo(f"replay failed (exit {code}); see {logs / 'replay.log'}")
+        typer.echo("the stack keeps running; Ctrl-C stops it")
+        sys.stdout.flush()
+        while True:
+            for child in children:
+                child.check_alive()
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        typer.echo("stopping ...", err=True)
+    except ChildFailed as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(1) from None
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        _stop(replay, children)
+    typer.echo("stopped", err=True)
+
+
+def _stop(replay: Child | None, children: list[Child]) -> None:
+    """The replay first, then the agents (at once), then the conductor."""
+    if replay is not None:
+        replay.terminate()
+        replay.wait()
+    agents, conductor = children[1:], children[:1]
+    for group in (agents, conductor):
+        for child in group:
+            child.terminate()
+        for child in group:
+            child.wait()

@@ -1,0 +1,93 @@
+"""`kvcentric up` end to end: conductor, agents and a short replay, then a clean Ctrl-C."""
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+KVCENTRIC = str(Path(sys.executable).parent / "kvcentric")
+_SUMMARY = re.compile(r"(\d+) requests in [\d.]+ s: .*completed (\d+)")
+
+pytestmark = pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc for children")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _children(pid: int) -> list[int]:
+    """Pids whose parent is `pid` (from /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if int(fields[1]) == pid:
+            found.append(int(entry.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_up_replays_then_stops_cleanly_on_ctrl_c(tmp_path: Path) -> None:
+    args = [
+        KVCENTRIC, "up", "--minutes", "0:0.2", "--length-scale", "0.02", "--speed", "8",
+        "--data-dir", str(tmp_path / "data"), "--port", str(_free_port()),
+        "--grpc-port", str(_free_port()),
+    ]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KVC_")}
+    process = subprocess.Popen(
+        args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+    )
+    lines: list[str] = []
+    finished = threading.Event()
+
+    def read() -> None:
+        assert process.stdout is not None
+        for line in process.stdout:
+            lines.append(line)
+            if "replay finished" in line or "replay failed" in line:
+                finished.set()
+        finished.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    try:
+        assert finished.wait(50), "".join(lines)
+        output = "".join(lines)
+        assert "replay finished" in output, output
+        summary = _SUMMARY.search(output)
+        assert summary is not None, output
+        assert int(summary.group(2)) > 0, output
+        assert "KVC_API_KEY=" in output and "/docs" in output and "logs:" in output
+        children = _children(process.pid)
+        assert len(children) == 4, children  # conductor + 2 prefill + 1 decode
+        process.send_signal(signal.SIGINT)
+        assert process.wait(30) == 0, "".join(lines)
+        deadline = time.monotonic() + 5
+        while any(_alive(pid) for pid in children) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(_alive(pid) for pid in children), children
+        assert (tmp_path / "data" / "logs" / "conductor.log").is_file()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
