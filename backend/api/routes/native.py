@@ -8,6 +8,7 @@ from fastapi.responses import StreamingResponse
 
 from backend.api.auth import ApiKey
 from backend.api.routes.serving import (
+    SUBMIT_ERRORS,
     Served,
     ServedDep,
     collect,
@@ -29,18 +30,11 @@ from backend.api.schemas import (
     RequestTimings,
 )
 from backend.api.schemas.convert import SSE_DONE, prepare_native, sse_event, usage
-from backend.api.schemas.errors import ErrorBody, RejectionBody
 from backend.runtime import RequestStream
 
 router = APIRouter(prefix="/v1", tags=["native"])
 
-_ERRORS: dict[int | str, dict[str, object]] = {
-    400: {"model": ErrorBody, "description": "Invalid request"},
-    401: {"model": ErrorBody, "description": "Missing or invalid API key"},
-    404: {"model": ErrorBody, "description": "Unknown model or request"},
-    422: {"model": ErrorBody, "description": "Malformed body"},
-    429: {"model": RejectionBody, "description": "Rejected early (overload); see Retry-After"},
-}
+_ERRORS = SUBMIT_ERRORS
 
 
 @router.post(

@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from backend.api.auth import ApiKey
 from backend.api.routes.serving import (
+    SUBMIT_ERRORS,
     ServedDep,
     collect,
     ended_badly,
@@ -41,17 +42,10 @@ from backend.api.schemas.convert import (
     sse_event,
     usage,
 )
-from backend.api.schemas.errors import ErrorBody, RejectionBody
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 
-_ERRORS: dict[int | str, dict[str, object]] = {
-    400: {"model": ErrorBody, "description": "Invalid request"},
-    401: {"model": ErrorBody, "description": "Missing or invalid API key"},
-    404: {"model": ErrorBody, "description": "Unknown model"},
-    422: {"model": ErrorBody, "description": "Malformed body"},
-    429: {"model": RejectionBody, "description": "Rejected early (overload); see Retry-After"},
-}
+_ERRORS = SUBMIT_ERRORS
 _SSE = "text/event-stream"
 
 

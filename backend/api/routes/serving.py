@@ -25,6 +25,7 @@ from backend.api.schemas.convert import (
     error_body,
     rejection_response,
 )
+from backend.api.schemas.errors import ErrorBody, RejectionBody
 from backend.metrics import ConductorMetrics
 from backend.policy.effects import Reject
 from backend.runtime import ConductorRuntime, RequestStream, Sampling
@@ -199,3 +200,13 @@ def stream_error_event(stream: RequestStream) -> bytes:
     response = ended_badly(stream)
     assert response is not None
     return b"data: " + bytes(response.body) + b"\n\n"
+
+
+# The error answers every submission route documents in the OpenAPI schema.
+SUBMIT_ERRORS: dict[int | str, dict[str, object]] = {
+    400: {"model": ErrorBody, "description": "Invalid request"},
+    401: {"model": ErrorBody, "description": "Missing or invalid API key"},
+    404: {"model": ErrorBody, "description": "Unknown model or request"},
+    422: {"model": ErrorBody, "description": "Malformed body"},
+    429: {"model": RejectionBody, "description": "Rejected early (overload); see Retry-After"},
+}
