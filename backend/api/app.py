@@ -88,6 +88,7 @@ def create_app(
             return PlainTextResponse(collected.render(), media_type=collected.content_type)
 
     if runtime is not None:
+        runtime.attach_metrics(app.state.metrics)
         include_routes(app, runtime, limits=limits)
     return app
 

@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from backend.db import request_log
 from backend.db.records import RequestOutcome
+from backend.metrics import ConductorMetrics
 from backend.policy import ConductorCore, CostModel, PolicyConfig, block_keys
 from backend.policy import events as ev
 from backend.policy.effects import (
@@ -74,6 +75,7 @@ class ConductorRuntime:
         assert settings.agent_secret is not None, "the runtime needs the agents' secret"
         self.config = settings.policy_config()
         self.core = ConductorCore(self.config, cost)
+        self.metrics: ConductorMetrics | None = None
         self.heartbeat_interval_s = settings.heartbeat_interval_s
         self.heartbeat_timeout_s = settings.heartbeat_timeout_s
         self._secret = settings.agent_secret.get_secret_value()
@@ -125,6 +127,10 @@ class ConductorRuntime:
             agents = list(self._agents.values())
         for agent in agents:
             agent.channel.close()
+
+    def attach_metrics(self, metrics: ConductorMetrics) -> None:
+        """Record decisions and replications in `metrics` (the app's /metrics registry)."""
+        self.metrics = metrics
 
     def reconfigure(self, config: PolicyConfig) -> None:
         """Apply a new policy configuration to the running core (between two events)."""
@@ -284,6 +290,8 @@ class ConductorRuntime:
                 info = self._agents.get(effect.instance_id)
                 if info is not None:
                     after.append(lambda s=info.stub, e=effect: self._evict(s, e))
+            elif isinstance(effect, Replicate) and self.metrics is not None:
+                after.append(lambda e=effect: self.metrics.record_replication(e))
             # Replicate rides on its DispatchPrefill (replicate=True); DispatchDecode is
             # carried out by the worker thread that fed PrefillFinished.
         return after
@@ -330,6 +338,8 @@ class ConductorRuntime:
             stream.close()
 
     def _record_decision(self, effect: DispatchPrefill) -> None:
+        if self.metrics is not None:
+            self.metrics.record_decision(effect)
         if self._sessions is not None:
             with self._sessions() as session:
                 request_log.record_decision(session=session, decision=effect, now_s=self._clock())

@@ -64,6 +64,9 @@ def test_a_streamed_completion_through_the_openai_client(served):
     assert client.models.list().data[0].id == "tiny"
     metrics = app.state.metrics.render().decode()
     assert 'kvcentric_requests_accepted_total{endpoint="completions"} 1.0' in metrics
+    # The runtime records its decisions in the same registry.
+    assert "kvcentric_decisions_total{" in metrics
+    assert "kvcentric_input_tokens_total 0.0" not in metrics
 
 
 def test_a_chat_completion_and_its_record(served):
