@@ -183,6 +183,10 @@ class ConductorRuntime:
                 return False
             now_s = self._clock()
             info.last_seen_s, info.load = now_s, heartbeat.load
+            if self.metrics is not None:
+                self.metrics.set_instance_load(
+                    heartbeat.instance_id, heartbeat.role, heartbeat.load
+                )
             effects: list[Effect] = []
             for event in heartbeat.events:
                 effects.extend(self.core.handle(dataclasses.replace(event, now_s=now_s)))
@@ -215,6 +219,8 @@ class ConductorRuntime:
             effects = self.core.handle(ev.AgentLeft(self._clock(), instance_id, reason))
             after = self._apply(effects)
         info.channel.close()
+        if self.metrics is not None:
+            self.metrics.remove_instance(instance_id)
         logger.warning("agent %s left: %s", instance_id, reason)
         self._after(after)
 

@@ -8,6 +8,7 @@ from concurrent import futures
 import grpc
 import pytest
 
+from backend.metrics import ConductorMetrics
 from backend.rpc import agent_pb2 as pb
 from backend.rpc import agent_pb2_grpc as pb_grpc
 from backend.rpc.auth import call_metadata
@@ -67,6 +68,8 @@ def test_calls_without_the_secret_are_refused(conductor) -> None:
 
 def test_join_heartbeat_and_death_by_silence(conductor) -> None:
     runtime, clock, stub = conductor
+    metrics = ConductorMetrics(block_size=BLOCK)
+    runtime.attach_metrics(metrics)
     secret = call_metadata(SECRET)
     unknown = stub.Heartbeat(_beat("p1", [1]), metadata=secret)
     assert unknown.rejoin and not unknown.acknowledged
@@ -80,6 +83,7 @@ def test_join_heartbeat_and_death_by_silence(conductor) -> None:
     clock.now_s += 2.0
     assert stub.Heartbeat(_beat("p1", [11, 12]), metadata=secret).acknowledged
     assert runtime.core.index.prefix_blocks((11, 12), ["p1"]) == {"p1": 2}
+    assert 'instance_id="p1"' in metrics.render().decode()  # its load gauges
     clock.now_s += 2.5  # 2.5 s since the last heartbeat: within the timeout
     assert runtime.check_heartbeats() == []
 
@@ -87,6 +91,7 @@ def test_join_heartbeat_and_death_by_silence(conductor) -> None:
     assert runtime.check_heartbeats() == ["p1"]
     assert "p1" not in runtime.agents() and "missed heartbeats" in runtime.left()["p1"]
     assert "p1" not in runtime.core.prefill
+    assert 'instance_id="p1"' not in metrics.render().decode()  # gone with it
     assert stub.Heartbeat(_beat("p1", [13]), metadata=secret).rejoin
 
 
