@@ -23,6 +23,7 @@ from backend.policy.effects import (
     Replicate,
 )
 from backend.policy.events import (
+    AgentDraining,
     AgentJoined,
     AgentLeft,
     DecodeFinished,
@@ -32,15 +33,18 @@ from backend.policy.events import (
     Event,
     KvDemoted,
     KvEvicted,
+    KvLost,
     KvStored,
     PrefillFinished,
     PrefillStarted,
     RequestArrived,
+    RequestFailed,
     Tick,
 )
 from backend.policy.index import PrefixIndex, Tier
 
 __all__ = [
+    "AgentDraining",
     "AgentJoined",
     "AgentLeft",
     "CachePlan",
@@ -59,6 +63,7 @@ __all__ = [
     "FetchSpan",
     "KvDemoted",
     "KvEvicted",
+    "KvLost",
     "KvStored",
     "LinkModel",
     "PolicyConfig",
@@ -69,6 +74,7 @@ __all__ = [
     "Reject",
     "Replicate",
     "RequestArrived",
+    "RequestFailed",
     "Tick",
     "Tier",
     "block_keys",

@@ -23,6 +23,7 @@ class PrefillState:
     running: dict[str, RunningPrefill] = field(default_factory=dict)
     total_queued_s: float = 0.0
     link_busy_until_s: float = 0.0
+    draining: bool = False  # takes no new requests
 
     def queue_s(self, now_s: float) -> float:
         """T_queue: predicted seconds of queued prefills plus what running ones have left."""
@@ -85,6 +86,7 @@ class DecodeState:
     decoding_context_tokens: int = 0
     incoming: dict[str, IncomingRequest] = field(default_factory=dict)
     incoming_context_tokens: int = 0
+    draining: bool = False  # takes no new requests
 
     def add_incoming(self, request_id: str, context_tokens: int, ready_s: float) -> None:
         self.incoming[request_id] = IncomingRequest(context_tokens, ready_s)

@@ -73,10 +73,13 @@ class ConductorCore:
             ev.DecodeStep: self.on_decode_step,
             ev.DecodeFinished: self.on_decode_finished,
             ev.DecodeRejected: self.on_decode_rejected,
+            ev.RequestFailed: self.on_request_failed,
             ev.KvStored: self.on_kv_stored,
             ev.KvEvicted: self.on_kv_evicted,
             ev.KvDemoted: self.on_kv_demoted,
+            ev.KvLost: self.on_kv_lost,
             ev.AgentJoined: self.on_agent_joined,
+            ev.AgentDraining: self.on_agent_draining,
             ev.AgentLeft: self.on_agent_left,
             ev.Tick: self.on_tick,
         }
@@ -130,8 +133,10 @@ class ConductorCore:
         """Route, pick decode, admit and book one request (new, or re-routed after a loss)."""
         config = self.config
         now_s = event.now_s
-        if not self.prefill or not self.decode:
-            missing = "prefill" if not self.prefill else "decode"
+        prefill = {pid: s for pid, s in self.prefill.items() if not s.draining}
+        decode = [s for s in self.decode.values() if not s.draining]
+        if not prefill or not decode:
+            missing = "prefill" if not prefill else "decode"
             reason = f"no_{missing}_instance"
             if not apply_admission:
                 return (FailRequest(event.request_id, reason),)
@@ -146,9 +151,9 @@ class ConductorCore:
             )
         candidates = [
             PrefillCandidate(pid, state.queue_s(now_s), state.link_backlog_s(now_s))
-            for pid, state in self.prefill.items()
+            for pid, state in prefill.items()
         ]
-        prefix_blocks = self.index.prefix_blocks(event.block_keys, self.prefill)
+        prefix_blocks = self.index.prefix_blocks(event.block_keys, prefill)
         choice = route_prefill(
             candidates,
             prefix_blocks,
@@ -162,9 +167,7 @@ class ConductorCore:
         )
         chosen = choice.chosen
         tbt_slo_s = event.tbt_slo_s or config.tbt_slo_s
-        decode_state = choose_decode(
-            self.cost, self.decode.values(), event.num_input_tokens, tbt_slo_s
-        )
+        decode_state = choose_decode(self.cost, decode, event.num_input_tokens, tbt_slo_s)
         if apply_admission:
             rejection = self._admit(event, chosen.ttft_s, decode_state, tbt_slo_s)
             if rejection is not None:
@@ -304,6 +307,10 @@ class ConductorCore:
             self.decode[admitted.decode_instance_id].finish(event.request_id)
         return NO_EFFECTS
 
+    def on_request_failed(self, event: ev.RequestFailed) -> tuple[Effect, ...]:
+        self._forget(event.request_id)
+        return NO_EFFECTS
+
     # -- the pool -------------------------------------------------------------------------
     def on_kv_stored(self, event: ev.KvStored) -> tuple[Effect, ...]:
         if event.instance_id not in self.prefill and event.instance_id not in self.decode:
@@ -321,6 +328,10 @@ class ConductorCore:
         self.index.on_demoted(event.instance_id, event.keys)
         return NO_EFFECTS
 
+    def on_kv_lost(self, event: ev.KvLost) -> tuple[Effect, ...]:
+        self.index.drop_instance(event.instance_id)
+        return NO_EFFECTS
+
     # -- membership -----------------------------------------------------------------------
     def on_agent_joined(self, event: ev.AgentJoined) -> tuple[Effect, ...]:
         effects: tuple[Effect, ...] = NO_EFFECTS
@@ -330,11 +341,19 @@ class ConductorCore:
                 ev.AgentLeft(event.now_s, event.instance_id, "role switch")
             )
         if event.role == "prefill":
-            self.prefill.setdefault(event.instance_id, PrefillState(event.instance_id))
+            prefill = self.prefill.setdefault(event.instance_id, PrefillState(event.instance_id))
+            prefill.draining = False
         else:
             state = self.decode.setdefault(event.instance_id, DecodeState(event.instance_id))
             state.kv_capacity_tokens = event.kv_capacity_tokens
+            state.draining = False
         return effects
+
+    def on_agent_draining(self, event: ev.AgentDraining) -> tuple[Effect, ...]:
+        state = self.prefill.get(event.instance_id) or self.decode.get(event.instance_id)
+        if state is not None:
+            state.draining = True
+        return NO_EFFECTS
 
     def on_agent_left(self, event: ev.AgentLeft) -> tuple[Effect, ...]:
         """Take the instance out; re-route requests it had not started, fail those it had."""
@@ -359,13 +378,11 @@ class ConductorCore:
             for request_id, incoming in decode_state.incoming.items():
                 if request_id not in self._requests:
                     continue
-                if self.decode:  # its prefill goes on; its KV will go to another instance
+                open_decode = [s for s in self.decode.values() if not s.draining]
+                if open_decode:  # its prefill goes on; its KV will go to another instance
                     admitted = self._requests[request_id]
                     target = choose_decode(
-                        self.cost,
-                        self.decode.values(),
-                        incoming.context_tokens,
-                        self.config.tbt_slo_s,
+                        self.cost, open_decode, incoming.context_tokens, self.config.tbt_slo_s
                     )
                     target.add_incoming(request_id, incoming.context_tokens, incoming.ready_s)
                     admitted.decode_instance_id = target.instance_id

@@ -77,6 +77,16 @@ class DecodeRejected:
 
 
 @dataclass(frozen=True, slots=True)
+class RequestFailed:
+    """The driver lost a request it had dispatched (an RPC error, a broken stream): forget
+    it wherever it stands, freeing its place in the prefill queue and the decode batch."""
+
+    now_s: float
+    request_id: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class KvStored:
     now_s: float
     instance_id: str
@@ -101,6 +111,15 @@ class KvDemoted:
 
 
 @dataclass(frozen=True, slots=True)
+class KvLost:
+    """The instance lost track of its KV events (its backlog overflowed): the index no longer
+    knows what it holds, so forget all its blocks; it re-learns them as they are stored."""
+
+    now_s: float
+    instance_id: str
+
+
+@dataclass(frozen=True, slots=True)
 class AgentJoined:
     """An instance is ready to serve. `kv_capacity_tokens` bounds a decode instance's batch."""
 
@@ -108,6 +127,15 @@ class AgentJoined:
     instance_id: str
     role: Role
     kv_capacity_tokens: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AgentDraining:
+    """An instance takes no new work (before a role switch or a stop); what it already has
+    runs to the end. A later AgentJoined (new role) or AgentLeft ends the drain."""
+
+    now_s: float
+    instance_id: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,10 +162,13 @@ Event = (
     | DecodeStep
     | DecodeFinished
     | DecodeRejected
+    | RequestFailed
     | KvStored
     | KvEvicted
     | KvDemoted
+    | KvLost
     | AgentJoined
+    | AgentDraining
     | AgentLeft
     | Tick
 )

@@ -3,6 +3,7 @@
 import pytest
 
 from backend.policy import (
+    AgentDraining,
     AgentJoined,
     AgentLeft,
     ConductorCore,
@@ -15,11 +16,13 @@ from backend.policy import (
     FailRequest,
     KvDemoted,
     KvEvicted,
+    KvLost,
     KvStored,
     PolicyConfig,
     PrefillFinished,
     PrefillStarted,
     RequestArrived,
+    RequestFailed,
     Tick,
     Tier,
 )
@@ -135,6 +138,50 @@ def test_role_switch_moves_an_instance_between_pools() -> None:
     assert all(isinstance(e, DispatchPrefill) and e.instance_id == "B" for e in effects)
 
 
+def test_a_draining_instance_gets_no_new_work_but_keeps_what_it_has() -> None:
+    core = make_core(CONFIG, linear_cost(), prefill=("P1", "P2"), decode=("D1", "D2"))
+    core.prefill["P2"].enqueue("hold", 1000.0)  # P1 looks best
+    (kept,) = core.handle(RequestArrived(0.0, "kept", (), 10, 1))
+    assert kept.instance_id == "P1"
+    core.handle(AgentDraining(0.1, "P1"))
+    core.handle(AgentDraining(0.1, kept.decode_instance_id))
+    (new,) = core.handle(RequestArrived(0.2, "new", (), 10, 1))
+    assert new.instance_id == "P2" and new.decode_instance_id != kept.decode_instance_id
+    # The drained request still runs to its decode instance.
+    core.handle(PrefillStarted(0.3, "kept", "P1"))
+    (decode,) = core.handle(PrefillFinished(0.4, "kept", "P1"))
+    assert decode.instance_id == kept.decode_instance_id
+    # A join in the same role ends the drain.
+    core.handle(AgentJoined(0.5, "P1", "prefill"))
+    assert not core.prefill["P1"].draining
+
+
+def test_draining_the_only_instance_of_a_role_rejects_at_admission() -> None:
+    core = make_core(CONFIG, linear_cost())
+    core.handle(AgentDraining(0.0, "D1"))
+    (reject,) = core.handle(RequestArrived(0.1, "r", (), 10, 1))
+    assert reject.reason == "no_decode_instance" and reject.stage == "admission"
+
+
+@pytest.mark.parametrize("phase", ["queued", "prefilling", "decoding"])
+def test_a_failed_request_frees_its_queue_and_batch_places(phase: str) -> None:
+    core = make_core(CONFIG, linear_cost())
+    core.handle(RequestArrived(0.0, "r", (), 1000, 8))
+    if phase != "queued":
+        core.handle(PrefillStarted(0.0, "r", "P1"))
+    if phase == "decoding":
+        core.handle(PrefillFinished(0.5, "r", "P1"))
+        core.handle(DecodeStarted(0.5, "r", "D1"))
+    now_s = 0.6 if phase == "decoding" else 0.1
+    assert core.prefill_loads(now_s)["P1"] > 0 or core.decode_loads()["D1"] > 0
+
+    assert core.handle(RequestFailed(now_s, "r", "stream broke")) == ()
+
+    assert core.num_in_flight == 0
+    assert core.prefill_loads(now_s) == {"P1": 0.0} and core.decode_loads() == {"D1": 0.0}
+    assert not core.decode["D1"].incoming and not core.decode["D1"].decoding
+
+
 def test_late_rejection_ends_the_request() -> None:
     core = make_core(PolicyConfig(block_size=16, rejection_policy="baseline"), linear_cost())
     core.handle(RequestArrived(0.0, "r", (), 10, 1))
@@ -177,3 +224,13 @@ def test_local_decode_check(batch, context, new_context, capacity, expected) -> 
         kv_capacity_tokens=capacity,
     )
     assert reason == expected
+
+
+def test_an_instance_that_lost_its_kv_events_is_forgotten_in_the_index() -> None:
+    core = make_core(CONFIG, linear_cost(), prefill=("P1", "P2"))
+    core.handle(KvStored(0.0, "P1", (1, 2)))
+    core.handle(KvStored(0.0, "P2", (1,)))
+    assert core.handle(KvLost(1.0, "P1")) == ()
+    assert core.index.num_blocks("P1") == 0 and core.index.num_replicas(1) == 1
+    core.handle(KvStored(2.0, "P1", (3,)))  # re-learned as blocks are stored again
+    assert core.index.num_blocks("P1") == 1
