@@ -1,5 +1,7 @@
 """One submitted request as its caller sees it: streamed tokens, then one terminal outcome."""
 
+import itertools
+import math
 import queue
 import threading
 from collections.abc import Callable, Iterator
@@ -36,6 +38,8 @@ class RequestStream:
     arrival_s: float
     on_token: Callable[[int], None] | None = None
     tokens: list[int] = field(default_factory=list)
+    token_times_s: list[float] = field(default_factory=list)  # when each token arrived
+    block_keys: tuple[int, ...] = ()
     decisions: list[DispatchPrefill] = field(default_factory=list)
     outcome: RequestOutcome | None = None
     retry_after_s: float | None = None
@@ -61,11 +65,21 @@ class RequestStream:
     def is_finished(self) -> bool:
         return self.outcome is not None
 
-    def push_token(self, token: int) -> None:
+    def push_token(self, token: int, now_s: float) -> None:
         self.tokens.append(token)
+        self.token_times_s.append(now_s)
         self._queue.put(token)
         if self.on_token is not None:
             self.on_token(token)
+
+    def tbt_s(self) -> tuple[float, float, float] | None:
+        """Mean, p99 and max of the gaps between streamed tokens; None under two tokens."""
+        times = self.token_times_s
+        gaps = sorted(b - a for a, b in itertools.pairwise(times))
+        if not gaps:
+            return None
+        p99 = gaps[min(len(gaps) - 1, math.ceil(0.99 * len(gaps)) - 1)]
+        return sum(gaps) / len(gaps), p99, gaps[-1]
 
     def close(self) -> None:
         """Called once, after `outcome` is set."""

@@ -6,6 +6,7 @@ a thread pool, one worker per request from dispatch to its last token. Time come
 injected monotonic clock.
 """
 
+import contextlib
 import dataclasses
 import logging
 import threading
@@ -17,8 +18,8 @@ from dataclasses import dataclass, field
 import grpc
 from sqlalchemy.orm import Session, sessionmaker
 
-from backend.db import request_log
-from backend.db.records import RequestOutcome
+from backend.db import cluster_log, request_log
+from backend.db.records import LoadSample, RequestOutcome
 from backend.metrics import ConductorMetrics
 from backend.policy import ConductorCore, CostModel, PolicyConfig, block_keys
 from backend.policy import events as ev
@@ -39,9 +40,13 @@ from backend.rpc.convert import (
     dispatch_prefill_to_proto,
     evict_to_proto,
     kv_events_from_proto,
+    role_to_proto,
 )
 from backend.rpc.reports import AgentLoad, Heartbeat, Join
+from backend.runtime.hotspots import BlockHits
 from backend.runtime.requests import RequestStream, Sampling
+from backend.runtime.roles import RoleSwitchRefused, wait_until_idle
+from backend.runtime.sampler import LoadSampler
 from backend.runtime.service import ConductorService
 from backend.settings.conductor import ConductorSettings
 
@@ -57,6 +62,7 @@ class AgentInfo:
     channel: grpc.Channel
     stub: pb_grpc.AgentStub
     load: AgentLoad = field(default_factory=AgentLoad)
+    draining: bool = False  # takes no new work (a role switch is under way)
 
 
 class ConductorRuntime:
@@ -87,6 +93,14 @@ class ConductorRuntime:
         self._agents: dict[str, AgentInfo] = {}
         self._requests: dict[str, RequestStream] = {}
         self._left: dict[str, str] = {}  # instance id -> why it left
+        self.hits = BlockHits()
+        self._sampler = (
+            LoadSampler(
+                self.sample_loads, session_factory, interval_s=settings.load_sample_interval_s
+            )
+            if session_factory is not None
+            else None
+        )
         self._pool = futures.ThreadPoolExecutor(max_workers, thread_name_prefix="runtime")
         self._server: grpc.Server | None = None
         self._stopping = threading.Event()
@@ -116,10 +130,14 @@ class ConductorRuntime:
                 target=self._watch, name="heartbeat-monitor", daemon=True
             )
             self._monitor.start()
+            if self._sampler is not None:
+                self._sampler.start()
         return self
 
     def stop(self) -> None:
         self._stopping.set()
+        if self._sampler is not None:
+            self._sampler.stop()
         if self._server is not None:
             self._server.stop(grace=0).wait()
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -144,6 +162,11 @@ class ConductorRuntime:
         """The runtime's clock, the one heartbeats and events are stamped with."""
         return self._clock()
 
+    def locked(self) -> threading.Lock:
+        """The lock that owns the core: hold it (`with runtime.locked():`) to read the core's
+        index or queues consistently from another thread."""
+        return self._lock
+
     def agents(self) -> dict[str, AgentInfo]:
         with self._lock:
             return dict(self._agents)
@@ -152,6 +175,28 @@ class ConductorRuntime:
         """Instances that left, and why."""
         with self._lock:
             return dict(self._left)
+
+    def sample_loads(self) -> tuple[list[LoadSample], dict[str, float]]:
+        """Every joined instance's load now (see LoadSampler), and when each was last seen."""
+        with self._lock:
+            now_s = self._clock()
+            decode_loads = self.core.decode_loads()
+            samples = []
+            for instance_id, info in self._agents.items():
+                prefill = self.core.prefill.get(instance_id)
+                load = info.load
+                samples.append(
+                    LoadSample(
+                        time_s=now_s,
+                        instance_id=instance_id,
+                        prefill_load_s=prefill.queue_s(now_s) if prefill is not None else None,
+                        decode_load=decode_loads.get(instance_id),
+                        memory_used_bytes=load.dram_bytes + load.ssd_bytes,
+                        memory_capacity_bytes=load.dram_capacity_bytes + load.ssd_capacity_bytes,
+                    )
+                )
+            seen = {instance_id: info.last_seen_s for instance_id, info in self._agents.items()}
+        return samples, seen
 
     # -- agents: joins, heartbeats, death ----------------------------------------------------
     def on_join(self, join: Join) -> tuple[bool, str]:
@@ -172,6 +217,16 @@ class ConductorRuntime:
         if old is not None:
             old.channel.close()
         self._after(after)
+        if self._sessions is not None:
+            with self._sessions() as session:
+                cluster_log.record_agent_joined(
+                    session=session,
+                    instance_id=join.instance_id,
+                    role=join.role,
+                    rpc_address=join.control_address,
+                    data_address=join.data_address,
+                    now_s=info.last_seen_s,
+                )
         logger.info("agent %s joined as %s", join.instance_id, join.role)
         return True, ""
 
@@ -188,6 +243,13 @@ class ConductorRuntime:
                     heartbeat.instance_id, heartbeat.role, heartbeat.load
                 )
             effects: list[Effect] = []
+            if heartbeat.num_dropped_events:
+                logger.warning(
+                    "agent %s dropped %d KV events; forgetting its blocks in the index",
+                    heartbeat.instance_id,
+                    heartbeat.num_dropped_events,
+                )
+                effects.extend(self.core.handle(ev.KvLost(now_s, heartbeat.instance_id)))
             for event in heartbeat.events:
                 effects.extend(self.core.handle(dataclasses.replace(event, now_s=now_s)))
             after = self._apply(effects)
@@ -223,6 +285,98 @@ class ConductorRuntime:
             self.metrics.remove_instance(instance_id)
         logger.warning("agent %s left: %s", instance_id, reason)
         self._after(after)
+        if self._sessions is not None:
+            state = "left" if reason == "stopped" else "dead"
+            with self._sessions() as session:
+                cluster_log.record_agent_left(
+                    session=session, instance_id=instance_id, now_s=self._clock(), state=state
+                )
+
+    def switch_role(
+        self, instance_id: str, role: str, *, drain_timeout_s: float = 30.0
+    ) -> AgentInfo:
+        """Drain an agent and serve with it in `role` (backend.runtime.roles explains how).
+
+        LookupError: no such agent; RoleSwitchRefused: it is the last open instance of its
+        role, or did not drain in time, or refused (it then keeps its old role).
+        """
+        with self._lock:
+            info = self._agents.get(instance_id)
+            if info is None:
+                raise LookupError(f"no agent {instance_id!r} is joined")
+            old_role = info.join.role
+            if role == old_role:
+                return info
+            open_peers = [
+                other
+                for other_id, other in self._agents.items()
+                if other_id != instance_id and other.join.role == old_role and not other.draining
+            ]
+            if not open_peers:
+                raise RoleSwitchRefused(
+                    f"{instance_id} is the last {old_role} instance; switching it would leave "
+                    f"no {old_role} instance to serve"
+                )
+            info.draining = True
+            self.core.handle(ev.AgentDraining(self._clock(), instance_id))
+        try:
+            wait_until_idle(lambda: self._num_core_requests(instance_id), timeout_s=drain_timeout_s)
+            drained = info.stub.Drain(
+                pb.DrainRequest(timeout_s=drain_timeout_s),
+                metadata=self._metadata,
+                timeout=drain_timeout_s + 10,
+            )
+            if not drained.drained:
+                raise RoleSwitchRefused(
+                    f"{instance_id} still has {drained.num_in_flight} call(s) in flight"
+                )
+            info.stub.SetRole(
+                pb.SetRoleRequest(role=role_to_proto(role)),  # type: ignore[arg-type]
+                metadata=self._metadata,
+                timeout=10,
+            )
+        except (RoleSwitchRefused, grpc.RpcError) as error:
+            self._rejoin(info, old_role)
+            with contextlib.suppress(grpc.RpcError):  # SetRole ends the agent's drain too
+                info.stub.SetRole(
+                    pb.SetRoleRequest(role=role_to_proto(old_role)),
+                    metadata=self._metadata,
+                    timeout=10,
+                )
+            if isinstance(error, grpc.RpcError):
+                raise RoleSwitchRefused(f"{instance_id} refused: {error.details()}") from None  # type: ignore[attr-defined]
+            raise
+        self._rejoin(info, role)
+        if self._sessions is not None:
+            with self._sessions() as session:
+                cluster_log.record_agent_state(
+                    session=session,
+                    instance_id=instance_id,
+                    state="active",
+                    role=role,  # type: ignore[arg-type]
+                )
+        logger.info("agent %s switched from %s to %s", instance_id, old_role, role)
+        return info
+
+    def _rejoin(self, info: AgentInfo, role: str) -> None:
+        """Put an instance (back) to work in the core under `role`."""
+        with self._lock:
+            info.join = dataclasses.replace(info.join, role=role)  # type: ignore[arg-type]
+            info.draining = False
+            capacity = info.join.kv_capacity_tokens if role == "decode" else None
+            joined = ev.AgentJoined(self._clock(), info.join.instance_id, role, capacity)  # type: ignore[arg-type]
+            after = self._apply(self.core.handle(joined))
+        self._after(after)
+
+    def _num_core_requests(self, instance_id: str) -> int:
+        """Requests the core still has queued, running or headed to this instance."""
+        with self._lock:
+            prefill = self.core.prefill.get(instance_id)
+            decode = self.core.decode.get(instance_id)
+            count = len(prefill.request_ids()) if prefill is not None else 0
+            if decode is not None:
+                count += len(decode.incoming) + len(decode.decoding)
+            return count
 
     def _watch(self) -> None:
         period_s = min(self.heartbeat_interval_s, self.heartbeat_timeout_s / 4)
@@ -252,6 +406,7 @@ class ConductorRuntime:
         stream = RequestStream(
             request_id, tuple(token_ids), max_tokens, sampling, now_s, on_token=on_token
         )
+        stream.block_keys = keys
         with self._lock:
             if request_id in self._requests:
                 raise ValueError(f"request {request_id!r} was already submitted")
@@ -280,6 +435,8 @@ class ConductorRuntime:
                 stream = self._requests[effect.request_id]
                 stream.dispatch = effect
                 stream.decisions.append(effect)
+                num_reused_blocks = effect.plan.num_reused_tokens // self.config.block_size
+                self.hits.record(stream.block_keys, num_reused_blocks)
                 replicate = effect.request_id in replicated
                 after.append(lambda e=effect: self._record_decision(e))
                 self._pool.submit(self._run, effect, replicate)
@@ -322,12 +479,15 @@ class ConductorRuntime:
         stream = self._requests.get(request_id)
         if stream is None or stream.outcome is not None:
             return []
+        tbt = stream.tbt_s()
         stream.outcome = dataclasses.replace(
             outcome,
             num_generated_tokens=len(stream.tokens),
             num_reused_tokens=stream.num_reused_tokens,
             num_transferred_tokens=stream.num_fetched_tokens,
-            ttft_s=outcome.ttft_s,
+            tbt_mean_s=tbt[0] if tbt else None,
+            tbt_p99_s=tbt[1] if tbt else None,
+            tbt_max_s=tbt[2] if tbt else None,
         )
         stream.dispatch = None
         return [lambda: self._finish(stream)]
@@ -447,7 +607,7 @@ class ConductorRuntime:
                     self._feed(
                         ev.DecodeStarted(self._clock(), stream.request_id, effect.instance_id)
                     )
-                stream.push_token(message.token)
+                stream.push_token(message.token, self._clock())
                 self._feed(ev.DecodeStep(self._clock(), stream.request_id, len(stream.tokens)))
         except grpc.RpcError as error:
             self._on_rpc_error(stream, effect.instance_id, error, "decode")
@@ -487,21 +647,11 @@ class ConductorRuntime:
         self._fail(stream, f"{stage} on {instance_id} failed: {code.name}", stage)
 
     def _fail(self, stream: RequestStream, reason: str, stage: str) -> None:
-        """End a request as failed and drop it from the core's books.
-
-        The core has no event for "this request failed"; DecodeRejected is the one that
-        forgets a request wherever it stands, so it stands in (after PrefillFinished when
-        the prefill had started, whose DispatchDecode is ignored).
-        """
+        """End a request as failed and drop it from the core's books."""
         with self._lock:
             if stream.outcome is not None:
                 return
-            now_s = self._clock()
-            dispatch = stream.dispatch
-            if dispatch is not None:
-                self.core.handle(ev.PrefillFinished(now_s, stream.request_id, dispatch.instance_id))
-            decode_id = dispatch.decode_instance_id if dispatch is not None else ""
-            self.core.handle(ev.DecodeRejected(now_s, stream.request_id, decode_id, reason))
+            self.core.handle(ev.RequestFailed(self._clock(), stream.request_id, reason))
             after = self._end(stream.request_id, self._outcome("failed", reason, stage))
         self._after(after)
 

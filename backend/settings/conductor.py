@@ -132,6 +132,8 @@ class ConductorSettings(BaseSettings):
     # an agent dead (its blocks leave the index, its requests are re-routed or failed).
     heartbeat_interval_s: Seconds = 1.0
     heartbeat_timeout_s: Seconds = 5.0
+    # How often each instance's load is sampled into the database (the console's series).
+    load_sample_interval_s: Seconds = 1.0
 
     # REST bodies above this many bytes are refused with 413 before they are read.
     max_request_body_bytes: int = Field(default=8 << 20, ge=1024)
