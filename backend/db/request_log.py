@@ -100,3 +100,15 @@ def list_decisions(*, session: Session, request_id: str) -> list[DecisionRecord]
     """The decisions made for one request, oldest first (more than one if re-routed)."""
     query = select(DecisionRow).where(DecisionRow.request_id == request_id).order_by(DecisionRow.id)
     return [convert.decision_record(row) for row in session.scalars(query)]
+
+
+def list_decisions_between(
+    *, session: Session, start_s: float, end_s: float
+) -> list[DecisionRecord]:
+    """Decisions made in [start_s, end_s), oldest first."""
+    query = (
+        select(DecisionRow)
+        .where(DecisionRow.decided_time_s >= start_s, DecisionRow.decided_time_s < end_s)
+        .order_by(DecisionRow.decided_time_s, DecisionRow.id)
+    )
+    return [convert.decision_record(row) for row in session.scalars(query)]

@@ -6,7 +6,7 @@
 
 from fastapi import FastAPI
 
-from backend.api.routes import admin, native, observe, openai
+from backend.api.routes import admin, live, native, observe, openai
 from backend.api.routes.serving import (
     DEFAULT_MAX_INPUT_TOKENS,
     DEFAULT_MAX_OUTPUT_TOKENS,
@@ -53,6 +53,7 @@ def include_routes(
     app.include_router(native.router)
     app.include_router(admin.router)
     app.include_router(observe.router)
+    app.include_router(live.router)
 
 
 __all__ = ["default_limits", "include_routes"]

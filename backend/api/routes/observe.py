@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Query, Response
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from backend.api.auth import ApiKey
 from backend.api.routes.admin import RuntimeDep, SessionsDep
@@ -19,6 +19,8 @@ from backend.api.schemas.errors import ErrorBody
 from backend.db.request_log import list_requests
 from backend.db.trace_export import export_trace
 from backend.rpc.reports import AgentLoad
+from backend.runtime import ConductorRuntime
+from backend.runtime.runtime import AgentInfo
 
 router = APIRouter(prefix="/v1", tags=["observe"])
 
@@ -40,6 +42,7 @@ class AgentView(BaseModel):
     seconds_since_heartbeat: float
     transport: str
     preset: str
+    state: str = Field(description="active, or draining while its role is being switched")
     load: dict[str, float | int]
 
 
@@ -82,21 +85,26 @@ def export_trace_jsonl(
 
 @router.get("/agents", summary="Each joined agent's role, addresses, heartbeat and load")
 def read_agents(principal: ApiKey, runtime: RuntimeDep) -> list[AgentView]:
-    now_s = runtime.now_s()  # heartbeats are stamped on its clock
     return [
-        AgentView(
-            instance_id=instance_id,
-            role=agent.join.role,
-            rpc_address=agent.join.control_address,
-            data_address=agent.join.data_address,
-            last_heartbeat_s=agent.last_seen_s,
-            seconds_since_heartbeat=max(0.0, now_s - agent.last_seen_s),
-            transport=agent.join.transport,
-            preset=agent.join.preset,
-            load=_load(agent.load),
-        )
+        agent_view(runtime, instance_id, agent)
         for instance_id, agent in sorted(runtime.agents().items())
     ]
+
+
+def agent_view(runtime: ConductorRuntime, instance_id: str, agent: AgentInfo) -> AgentView:
+    now_s = runtime.now_s()  # heartbeats are stamped on its clock
+    return AgentView(
+        instance_id=instance_id,
+        role=agent.join.role,
+        rpc_address=agent.join.control_address,
+        data_address=agent.join.data_address,
+        last_heartbeat_s=agent.last_seen_s,
+        seconds_since_heartbeat=max(0.0, now_s - agent.last_seen_s),
+        transport=agent.join.transport,
+        preset=agent.join.preset,
+        state="draining" if agent.draining else "active",
+        load=_load(agent.load),
+    )
 
 
 @router.get(

@@ -1,0 +1,1 @@
+"""What the live Conductor measures over a window, in the twin report's names."""
