@@ -2,9 +2,12 @@
 preset), served by uvicorn on a loopback port and called through the official openai client
 and httpx."""
 
+import random
 import socket
 import threading
 import time
+from collections import Counter
+from concurrent import futures
 
 import httpx
 import openai
@@ -135,3 +138,31 @@ def test_malformed_bodies_are_4xx_with_a_message(served, body, status):
     response = httpx.post(f"{url}/v1/completions", content=body, headers=headers)
     assert response.status_code == status, response.text
     assert response.json()["error"]["message"]
+
+
+def test_under_overload_excess_requests_get_429_while_accepted_ones_complete(served):
+    url, app = served
+    runtime = app.state.served.runtime
+    rng = random.Random(7)
+
+    def post(i: int) -> httpx.Response:
+        body = {
+            "token_ids": [rng.randrange(1, 32_000) for _ in range(1500)],
+            "max_tokens": 3,
+            "ttft_slo_s": 0.6,  # a burst of 24 such prompts cannot all meet it
+        }
+        return httpx.post(f"{url}/v1/native/requests", json=body, headers=AUTH, timeout=120)
+
+    with futures.ThreadPoolExecutor(24) as pool:
+        replies = list(pool.map(post, range(24)))
+
+    statuses = Counter(r.status_code for r in replies)
+    assert set(statuses) == {200, 429} and statuses[200] >= 2, statuses
+    for reply in replies:
+        if reply.status_code == 429:
+            error = reply.json()["error"]
+            assert (error["stage"], error["reason"]) == ("admission", "ttft_slo")
+        else:
+            body = reply.json()
+            outcome = runtime.request(body["id"]).result(30)
+            assert outcome.state == "completed" and outcome.num_generated_tokens == 3

@@ -99,3 +99,42 @@ def test_requests_complete_reuse_prefixes_and_survive_a_killed_agent(cluster, mo
         }  # fmt: skip
         assert records["r2"].outcome.num_reused_tokens == 3 * BLOCK
         assert len(request_log.list_decisions(session=session, request_id="r2")) == 1
+
+
+def test_a_prefix_cached_on_a_busy_agent_is_fetched_by_another_and_the_kv_moves(cluster, model):
+    runtime, _ = cluster
+    shared = np.random.default_rng(10).integers(0, 32_000, 3 * BLOCK)
+    first, second = _prompt(11, shared, 10), _prompt(12, shared, 20)
+    r1 = runtime.submit("t1", first, MAX_TOKENS)
+    assert r1.result(30).state == "completed"
+    holder = r1.decisions[0].instance_id
+    keys = tuple(block_keys(second, BLOCK)[:3])
+    deadline = time.monotonic() + 10  # the holder's KvStored events arrive by heartbeat
+    while runtime.core.index.prefix_blocks(keys, [holder])[holder] < 3:
+        assert time.monotonic() < deadline, "the holder's blocks never reached the index"
+        time.sleep(0.05)
+    # Make the holder look busy (ten seconds of predicted queue), as a long prefill would:
+    # Algorithm 1 then sends the next request to the idle instance with a fetch.
+    with runtime.locked():
+        runtime.core.prefill[holder].enqueue("ballast", 10.0)
+    try:
+        r2 = runtime.submit("t2", second, MAX_TOKENS)
+        assert r2.result(30).state == "completed"
+    finally:
+        with runtime.locked():
+            runtime.core.prefill[holder].dequeue("ballast")
+
+    decision = r2.decisions[0]
+    assert decision.instance_id != holder
+    assert decision.plan.fetch is not None
+    assert decision.plan.fetch.source_instance_id == holder
+    assert decision.plan.fetch.keys == keys
+    # The fetching agent really received the three blocks: it reused them instead of
+    # computing them, and the tokens equal a single-process run's.
+    assert r2.num_fetched_tokens == 3 * BLOCK and r2.num_reused_tokens == 3 * BLOCK
+    assert r2.tokens == _reference(model, second)
+    # The copy it kept (a replica) reached the index: both instances hold the prefix now.
+    deadline = time.monotonic() + 10
+    while runtime.core.index.num_replicas(keys[0]) < 2:
+        assert time.monotonic() < deadline, "the replica never reached the index"
+        time.sleep(0.05)
