@@ -135,6 +135,12 @@ class ConductorSettings(BaseSettings):
     # How often each instance's load is sampled into the database (the console's series).
     load_sample_interval_s: Seconds = 1.0
 
+    # What the REST API serves: the model name clients must ask for, and the longest prompt
+    # and output it accepts (longer ones get 400 before anything is admitted).
+    served_model: str = Field(default="tiny", min_length=1, max_length=128)
+    max_input_tokens: int = Field(default=4096, gt=0)
+    max_output_tokens: int = Field(default=1024, gt=0)
+
     # REST bodies above this many bytes are refused with 413 before they are read.
     max_request_body_bytes: int = Field(default=8 << 20, ge=1024)
 

@@ -339,3 +339,14 @@ def test_a_missing_config_file_named_by_the_environment_is_refused(
 def test_constructing_directly_validates_too() -> None:
     with pytest.raises(ValueError):
         ConductorSettings(port=0, **SECRETS)
+
+
+def test_the_api_limits_come_from_the_settings() -> None:
+    from backend.api.routes import default_limits
+    from tests.runtime.conftest import make_settings
+
+    limits = default_limits(
+        make_settings(served_model="llama-tiny", max_input_tokens=100, max_output_tokens=7)
+    )
+    assert limits.models == ("llama-tiny",)
+    assert (limits.max_input_tokens, limits.max_output_tokens) == (100, 7)

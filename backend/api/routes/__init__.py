@@ -8,9 +8,6 @@ from fastapi import FastAPI
 
 from backend.api.routes import admin, live, native, observe, openai
 from backend.api.routes.serving import (
-    DEFAULT_MAX_INPUT_TOKENS,
-    DEFAULT_MAX_OUTPUT_TOKENS,
-    DEFAULT_MODEL,
     VOCAB_SIZE,
     Rejected,
     Served,
@@ -19,16 +16,18 @@ from backend.api.routes.serving import (
 )
 from backend.api.schemas.convert import ApiLimits, InvalidRequest
 from backend.runtime import ConductorRuntime
+from backend.settings.conductor import ConductorSettings
 from backend.tokenizer import SyntheticTokenizer
 
 
-def default_limits(block_size: int) -> ApiLimits:
+def default_limits(settings: ConductorSettings) -> ApiLimits:
+    """The API's limits as the settings give them (served_model, max_*_tokens)."""
     return ApiLimits(
-        models=(DEFAULT_MODEL,),
-        max_input_tokens=DEFAULT_MAX_INPUT_TOKENS,
-        max_output_tokens=DEFAULT_MAX_OUTPUT_TOKENS,
+        models=(settings.served_model,),
+        max_input_tokens=settings.max_input_tokens,
+        max_output_tokens=settings.max_output_tokens,
         vocab_size=VOCAB_SIZE,
-        block_size=block_size,
+        block_size=settings.block_size,
     )
 
 
@@ -37,7 +36,7 @@ def include_routes(
 ) -> None:
     """Mount the serving routes on an app made by `create_app` (which set its metrics)."""
     settings = app.state.settings
-    limits = limits or default_limits(settings.block_size)
+    limits = limits or default_limits(settings)
     app.state.served = Served(
         runtime=runtime,
         limits=limits,
