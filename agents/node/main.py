@@ -40,8 +40,8 @@ def serve(settings: AgentSettings, metrics_listen: str | None = None) -> int:
     control_address = f"{host}:{port}"
     instance_id = settings.instance_id or f"{settings.role}@{control_address}"
     agent = NodeAgent(settings, instance_id, Faults.from_environ(os.environ))
-    pb_grpc.add_AgentServicer_to_server(AgentService(agent, control_address), server)
     metrics = AgentMetrics(agent)
+    pb_grpc.add_AgentServicer_to_server(AgentService(agent, control_address, metrics), server)
     metrics_server = None
     if metrics_listen is not None:
         metrics_server = MetricsServer(metrics.registry, metrics_listen)  # raises on bind

@@ -6,11 +6,14 @@ carry policy types (plans, KV events) into dataclasses.
 
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
 from agents.node.node import NodeAgent, PlanError
+
+if TYPE_CHECKING:
+    from agents.node.metrics import AgentMetrics
 from agents.workers import DecodeOutcome, SamplingParams
 from backend.rpc import agent_pb2 as pb
 from backend.rpc import agent_pb2_grpc as pb_grpc
@@ -32,9 +35,12 @@ def _sampling(message: pb.Sampling) -> SamplingParams:
 
 
 class AgentService(pb_grpc.AgentServicer):
-    def __init__(self, agent: NodeAgent, control_address: str) -> None:
+    def __init__(
+        self, agent: NodeAgent, control_address: str, metrics: "AgentMetrics | None" = None
+    ) -> None:
         self.agent = agent
         self.control_address = control_address
+        self.metrics = metrics
 
     def DispatchPrefill(self, request: pb.DispatchPrefillRequest, context: Any) -> Any:
         plan, fetch_address = cache_plan_from_proto(request.plan)
@@ -53,6 +59,12 @@ class AgentService(pb_grpc.AgentServicer):
             _abort(context, error)
         except ValueError as error:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
+        if self.metrics is not None:
+            self.metrics.observe_prefill(outcome)
+            tokens_per_block = self.agent.block_size
+            block_bytes = self.agent.shard.block_bytes
+            fetched_bytes = outcome.num_fetched_tokens // tokens_per_block * block_bytes
+            self.metrics.record_transport_bytes("fetched", fetched_bytes)
         return pb.DispatchPrefillReply(
             request_id=outcome.request_id,
             instance_id=self.agent.instance_id,
@@ -79,11 +91,14 @@ class AgentService(pb_grpc.AgentServicer):
             )
         except PlanError as error:
             _abort(context, error)
+        started_s = time.monotonic()
         try:
             index = 0
             while True:
                 item = stream.get()
                 if isinstance(item, DecodeOutcome):
+                    if self.metrics is not None and item.status == "completed":
+                        self.metrics.observe_decode(time.monotonic() - started_s, index)
                     yield pb.DecodeMessage(
                         request_id=request.request_id,
                         done=True,

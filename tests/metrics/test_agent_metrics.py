@@ -10,7 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from agents.node.metrics import AgentMetrics
 from agents.node.node import NodeAgent
 from agents.node.settings import AgentSettings
-from tests.harness.agents import AgentProcess
+from tests.harness.agents import AgentProcess, prefill_request
 
 SECRET = "agent-secret-0123456789"
 
@@ -46,6 +46,27 @@ def test_agent_serves_metrics_on_the_given_loopback_address() -> None:
     ):
         assert name in names, name
     assert f'instance_id="{agent.instance_id}"' in text
+
+
+def test_a_served_prefill_is_counted_with_its_tokens_and_time() -> None:
+    address = f"127.0.0.1:{free_loopback_port()}"
+    agent = AgentProcess("prefill", SECRET, "--metrics-listen", address).wait_ready()
+    try:
+        agent.stub.DispatchPrefill(prefill_request("m1", list(range(1, 101))), timeout=60)
+        with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as response:
+            text = response.read().decode()
+    finally:
+        assert agent.terminate() == 0
+    samples = {
+        (s.name, s.labels.get("source")): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+    assert samples[("kvcentric_agent_prefills_total", None)] == 1
+    assert samples[("kvcentric_agent_prefill_seconds_count", None)] == 1
+    assert samples[("kvcentric_agent_prefill_seconds_sum", None)] > 0
+    assert samples[("kvcentric_agent_prefill_tokens_total", "computed")] == 100
+    assert samples[("kvcentric_agent_prefill_tokens_total", "fetched")] == 0
 
 
 def test_collector_reads_the_agent_when_scraped() -> None:
