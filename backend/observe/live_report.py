@@ -165,10 +165,10 @@ def _series(
     def window_of(time_s: float) -> int:
         return min(num_windows - 1, max(0, int((time_s - start_s) // interval_s)))
 
-    def counts(times: Sequence[float], weights: Sequence[float] | None = None) -> list[float]:
-        totals = [0.0] * num_windows
+    def counts(times: Sequence[float], weights: Sequence[int] | None = None) -> list[int]:
+        totals = [0] * num_windows
         for i, time_s in enumerate(times):
-            totals[window_of(time_s)] += 1.0 if weights is None else weights[i]
+            totals[window_of(time_s)] += 1 if weights is None else weights[i]
         return totals
 
     pools = _pool_loads(samples, config.ttft_slo_s, start_s)

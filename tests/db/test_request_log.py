@@ -9,6 +9,7 @@ from backend.db.records import RequestOutcome
 from backend.db.request_log import (
     get_request,
     list_decisions,
+    list_decisions_between,
     list_requests,
     record_arrival,
     record_decision,
@@ -132,3 +133,11 @@ def test_list_requests_returns_a_half_open_window_in_arrival_order(session: Sess
         "z",
         "a",
     ]
+
+
+def test_decisions_between_is_a_half_open_window_in_time_order(session: Session) -> None:
+    for request_id, at_s in (("a", 10.0), ("b", 20.0), ("c", 30.0)):
+        record_arrival(session=session, arrival=arrival(request_id, at_s), block_size=BLOCK_SIZE)
+        record_decision(session=session, decision=dispatch(request_id), now_s=at_s + 0.5)
+    found = list_decisions_between(session=session, start_s=10.5, end_s=30.5)
+    assert [(d.request_id, d.decided_time_s) for d in found] == [("a", 10.5), ("b", 20.5)]
