@@ -7,7 +7,6 @@ import json
 import math
 import time
 from collections import Counter
-from collections.abc import Sequence
 from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Query, Response
@@ -18,6 +17,7 @@ from backend.api.routes.admin import RuntimeDep, SessionsDep
 from backend.api.schemas.errors import ErrorBody
 from backend.db.request_log import list_requests
 from backend.db.trace_export import export_trace
+from backend.observe.measures import percentile
 from backend.rpc.reports import AgentLoad
 from backend.runtime import ConductorRuntime
 from backend.runtime.runtime import AgentInfo
@@ -138,17 +138,9 @@ def read_stats(
             Counter(o.reason or "unknown" for o in finished if o.state == "failed")
         ),
         ttft_s=Percentiles(
-            p50=_percentile(ttfts, 0.50), p90=_percentile(ttfts, 0.90), p99=_percentile(ttfts, 0.99)
+            p50=percentile(ttfts, 50), p90=percentile(ttfts, 90), p99=percentile(ttfts, 99)
         ),
     )
-
-
-def _percentile(sorted_values: Sequence[float], q: float) -> float | None:
-    """Nearest-rank percentile; None without values."""
-    if not sorted_values:
-        return None
-    rank = max(1, math.ceil(q * len(sorted_values)))
-    return sorted_values[rank - 1]
 
 
 def _load(load: AgentLoad) -> dict[str, float | int]:
