@@ -1,5 +1,7 @@
 """create_app: the Conductor's FastAPI app with its open health and metrics endpoints, the
-request body limit and the error handlers that make every error a JSON body with a message.
+request body limit and the error handlers that make every error a JSON body with a message
+(405s with every method the path serves in Allow), and an OpenAPI document that also lists
+the 401 of every operation needing credentials.
 
 Errors use the OpenAI shape, which OpenAI clients understand:
 `{"error": {"message": ..., "type": ..., "code": ...}}`. Raise `HTTPException` with `detail`
@@ -15,11 +17,13 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.exceptions import HTTPException
+from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from backend.api.auth import Authenticator
 from backend.api.routes import include_routes
 from backend.api.schemas.convert import ApiLimits
+from backend.api.schemas.errors import ErrorBody
 from backend.metrics import ConductorMetrics
 from backend.runtime import ConductorRuntime
 from backend.settings import ConductorSettings
@@ -30,6 +34,7 @@ logger = logging.getLogger(__name__)
 ReadinessCheck = Callable[[], Awaitable[bool]]
 
 _MAX_FIELD_ERRORS_IN_MESSAGE = 3
+_HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
 
 
 def create_app(
@@ -90,7 +95,38 @@ def create_app(
     if runtime is not None:
         runtime.attach_metrics(app.state.metrics)
         include_routes(app, runtime, limits=limits)
+    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
+
+
+def _openapi(app: FastAPI) -> dict[str, Any]:
+    """FastAPI's OpenAPI document, plus the 401 that every operation needing credentials
+    answers without them (the auth dependency raises it; FastAPI cannot know)."""
+    if app.openapi_schema is None:
+        document = FastAPI.openapi(app)  # sets app.openapi_schema
+        operations = [
+            operation
+            for path_item in document.get("paths", {}).values()
+            for operation in path_item.values()
+            if isinstance(operation, dict) and operation.get("security")
+        ]
+        if operations:
+            schemas = document.setdefault("components", {}).setdefault("schemas", {})
+            if "ErrorBody" not in schemas:
+                body = ErrorBody.model_json_schema(ref_template="#/components/schemas/{model}")
+                schemas.update(body.pop("$defs", {}))
+                schemas["ErrorBody"] = body
+        for operation in operations:
+            operation.setdefault("responses", {}).setdefault(
+                "401",
+                {
+                    "description": "Missing or invalid credentials",
+                    "content": {
+                        "application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}
+                    },
+                },
+            )
+    return app.openapi_schema
 
 
 async def _run_check(name: str, check: ReadinessCheck) -> str:
@@ -125,10 +161,26 @@ async def _on_http_error(request: Request, error: Exception) -> JSONResponse:
         message, code = str(detail["message"]), detail.get("code")
     else:
         message, code = str(detail), None
+    headers = error.headers
+    if error.status_code == 405 and (allowed := _allowed_methods(request)):
+        headers = {**(headers or {}), "Allow": allowed}  # Starlette's names one route's only
     return JSONResponse(
         error_body(error.status_code, message, code=code),
         status_code=error.status_code,
-        headers=error.headers,
+        headers=headers,
+    )
+
+
+def _allowed_methods(request: Request) -> str:
+    """Every method that some route serves at the request's path, as RFC 9110's Allow lists
+    them (GET /v1/config and PUT /v1/config are two routes)."""
+    routes = request.app.router.routes
+    return ", ".join(
+        method
+        for method in _HTTP_METHODS
+        if any(
+            route.matches({**request.scope, "method": method})[0] is Match.FULL for route in routes
+        )
     )
 
 

@@ -17,6 +17,7 @@ from backend.api.routes.serving import (
     new_request_id,
     relay,
     stream_error_event,
+    streamed,
     submit,
 )
 from backend.api.schemas import (
@@ -41,7 +42,7 @@ _ERRORS = SUBMIT_ERRORS
     "/native/requests",
     summary="Submit a request as text, token ids or trace hash ids; `stream: true` for SSE",
     response_model=NativeResponse,
-    responses=_ERRORS,
+    responses={**_ERRORS, 200: streamed(NativeChunk)},
 )
 async def create_native_request(body: NativeRequest, principal: ApiKey, served: ServedDep):
     prepared = prepare_native(body, tokenizer=served.tokenizer, limits=served.limits)

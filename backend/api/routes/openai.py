@@ -19,6 +19,7 @@ from backend.api.routes.serving import (
     new_request_id,
     relay,
     stream_error_event,
+    streamed,
     submit,
 )
 from backend.api.schemas import (
@@ -59,7 +60,7 @@ async def list_models(principal: ApiKey, served: ServedDep) -> ModelList:
     "/completions",
     summary="Text completion (OpenAI-compatible); `stream: true` for SSE",
     response_model=CompletionResponse,
-    responses=_ERRORS,
+    responses={**_ERRORS, 200: streamed(CompletionResponse)},
 )
 async def create_completion(body: CompletionRequest, principal: ApiKey, served: ServedDep):
     prepared = prepare_completion(body, tokenizer=served.tokenizer, limits=served.limits)
@@ -110,7 +111,7 @@ async def create_completion(body: CompletionRequest, principal: ApiKey, served: 
     "/chat/completions",
     summary="Chat completion (OpenAI-compatible); `stream: true` for SSE",
     response_model=ChatCompletionResponse,
-    responses=_ERRORS,
+    responses={**_ERRORS, 200: streamed(ChatCompletionChunk)},
 )
 async def create_chat_completion(
     body: ChatCompletionRequest, principal: ApiKey, served: ServedDep

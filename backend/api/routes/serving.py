@@ -16,6 +16,7 @@ from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
 from backend.api.schemas.convert import (
@@ -210,3 +211,43 @@ SUBMIT_ERRORS: dict[int | str, dict[str, object]] = {
     422: {"model": ErrorBody, "description": "Malformed body"},
     429: {"model": RejectionBody, "description": "Rejected early (overload); see Retry-After"},
 }
+
+
+def streamed(chunk: type[BaseModel]) -> dict[str, object]:
+    """The 200 answer's second form, with `stream: true`, for a route's `responses`: server-sent
+    events whose `data` is one `chunk` as JSON (or, last, the error body of a request that did
+    not complete), then `[DONE]`. FastAPI documents the JSON answer next to it."""
+    payload = {"anyOf": [_inlined_schema(chunk), _inlined_schema(ErrorBody)]}
+    data = {
+        "type": "string",
+        "if": {"const": "[DONE]"},
+        "else": {"contentMediaType": "application/json", "contentSchema": payload},
+    }
+    event = {
+        "type": "object",
+        "description": f"One event: a {chunk.__name__} as JSON, an error body, or [DONE] (last).",
+        "required": ["data"],
+        "properties": {"data": data},
+    }
+    return {
+        "description": "The answer; with `stream: true` as server-sent events",
+        "content": {"text/event-stream": {"schema": event}},
+    }
+
+
+def _inlined_schema(model: type[BaseModel]) -> dict[str, object]:
+    """`model`'s JSON schema as sent, its `$defs` inlined (an event's schema stands alone)."""
+    schema = model.model_json_schema(mode="serialization")
+    defs = schema.pop("$defs", {})
+
+    def inline(node: object) -> object:
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#/$defs/"):
+                return inline(defs[ref.removeprefix("#/$defs/")])
+            return {key: inline(value) for key, value in node.items()}
+        if isinstance(node, list):
+            return [inline(item) for item in node]
+        return node
+
+    return inline(schema)  # type: ignore[return-value]

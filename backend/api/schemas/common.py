@@ -13,6 +13,8 @@ MAX_STOP_SEQUENCES = 4
 TokenId = Annotated[StrictInt, Field(ge=0)]
 MaxTokens = Annotated[StrictInt, Field(ge=1, le=MAX_TOKENS_CAP)]
 Temperature = Annotated[float, Field(ge=0.0, le=2.0)]
+# The agents seed their generators with a signed 64-bit integer (agent.proto's int64).
+Seed = Annotated[StrictInt, Field(ge=-(2**63), le=2**63 - 1)]
 SloSeconds = Annotated[float, Field(gt=0.0, le=3600.0)]
 FinishReason = Literal["stop", "length"]
 

@@ -35,6 +35,9 @@ from backend.tokenizer import SyntheticTokenizer, apply_chat_template
 from backend.traces.tokens import scaled_input_tokens, trace_token_ids
 
 SSE_DONE = b"data: [DONE]\n\n"
+# A temperature under this samples greedily (0): its distribution is one-hot already, and the
+# agents divide fp32 logits by it, which overflows to inf/NaN for tiny values (say 1e-40).
+MIN_SAMPLING_TEMPERATURE = 1e-6
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,7 +221,7 @@ def _prepared(
         num_output_tokens=max_tokens,
         stream=stream,
         include_usage=include_usage,
-        temperature=temperature,
+        temperature=temperature if temperature >= MIN_SAMPLING_TEMPERATURE else 0.0,
         seed=seed,
         stop=stop,
         ignore_eos=ignore_eos,
@@ -347,22 +350,36 @@ def error_body(
     return ErrorBody(error=ErrorDetail(message=message, type=error_type, code=code, param=param))
 
 
+# The longest wait a rejection tells a client. The policy's hint grows with the overload it
+# measured against the request's SLO, so a tiny SLO (say 5e-324 s, which the schema allows)
+# makes it infinite: clients get "an hour" then, never a 500 from an unrenderable value.
+MAX_RETRY_AFTER_S = 3600.0
+
+
 def rejection_response(reject: Reject) -> tuple[RejectionBody, dict[str, str]]:
     """The 429 body of a policy rejection and its headers (Retry-After in whole seconds)."""
+    retry_after_s = retry_after_hint(reject.retry_after_s)
     detail = RejectionDetail(
         message=reject.message,
         code=reject.reason,
         reason=reject.reason,
         stage=reject.stage,
-        retry_after_s=reject.retry_after_s,
+        retry_after_s=retry_after_s,
         request_id=reject.request_id,
     )
-    return RejectionBody(error=detail), {"Retry-After": retry_after_header(reject.retry_after_s)}
+    return RejectionBody(error=detail), {"Retry-After": retry_after_header(retry_after_s)}
+
+
+def retry_after_hint(retry_after_s: float) -> float:
+    """The policy's hint as a client gets it: finite, in [0, MAX_RETRY_AFTER_S]; NaN is 1 s."""
+    if math.isnan(retry_after_s):
+        return 1.0
+    return min(max(retry_after_s, 0.0), MAX_RETRY_AFTER_S)
 
 
 def retry_after_header(retry_after_s: float) -> str:
     # HTTP's Retry-After takes whole seconds; round up, and never tell a client "0".
-    return str(max(1, math.ceil(retry_after_s)))
+    return str(max(1, math.ceil(retry_after_hint(retry_after_s))))
 
 
 def validation_error_body(errors: Sequence[Mapping[str, object]]) -> ErrorBody:

@@ -16,6 +16,7 @@ from backend.api.schemas.common import (
     FinishReason,
     MaxTokens,
     RequestBody,
+    Seed,
     SloSeconds,
     Temperature,
     TokenId,
@@ -45,7 +46,7 @@ class NativeRequest(RequestBody):
     )
     stream: bool = False
     temperature: Temperature = 1.0
-    seed: StrictInt | None = None
+    seed: Seed | None = None
     ttft_slo_s: SloSeconds | None = None
     tbt_slo_s: SloSeconds | None = None
 

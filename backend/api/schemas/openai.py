@@ -10,7 +10,7 @@ completions) and `suffix` only as null: other values are refused with a message.
 
 from typing import Literal
 
-from pydantic import BaseModel, Field, StrictInt, field_validator, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 from backend.api.schemas.common import (
     DEFAULT_MAX_TOKENS,
@@ -18,6 +18,7 @@ from backend.api.schemas.common import (
     FinishReason,
     MaxTokens,
     RequestBody,
+    Seed,
     StreamOptions,
     Temperature,
     TokenId,
@@ -35,7 +36,7 @@ class _SamplingFields(RequestBody):
     stream: bool = False
     stream_options: StreamOptions | None = None
     temperature: Temperature = 1.0
-    seed: StrictInt | None = None
+    seed: Seed | None = None
     stop: Stop = None
     user: str | None = None
     n: Literal[1] = 1
