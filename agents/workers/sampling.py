@@ -4,10 +4,15 @@ from dataclasses import dataclass
 
 import torch
 
+# Below this a temperature is greedy: softmax(logits / t) is one-hot already, and dividing
+# fp32 logits by, say, 1e-40 overflows to inf and NaN probabilities.
+MIN_TEMPERATURE = 1e-6
+
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
-    """temperature 0 is greedy; otherwise sample from softmax(logits / temperature)."""
+    """temperature 0 (or under MIN_TEMPERATURE) is greedy; otherwise sample from
+    softmax(logits / temperature)."""
 
     temperature: float = 0.0
     top_k: int = 0  # 0 keeps the whole vocabulary
@@ -21,7 +26,7 @@ class SamplingParams:
 
     @property
     def is_greedy(self) -> bool:
-        return self.temperature == 0
+        return self.temperature < MIN_TEMPERATURE
 
     def generator(self) -> torch.Generator | None:
         """A CPU generator seeded with `seed`, or None when greedy."""

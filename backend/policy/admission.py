@@ -56,7 +56,7 @@ def admit(policy: str, loads: LoadSnapshot) -> Rejection | None:
                 f"prefill pool overloaded: estimated TTFT {loads.estimated_ttft_s:.2f} s "
                 f"exceeds the {loads.ttft_slo_s:.2f} s SLO"
             ),
-            retry_after_s=max(1.0, excess_s),
+            retry_after_s=_hint(excess_s),
         )
     if policy == "baseline":
         return None
@@ -75,6 +75,15 @@ def admit(policy: str, loads: LoadSnapshot) -> Rejection | None:
                 f"decode pool overloaded: {what} load is {decode_load:.0%} "
                 "(TBT against its SLO, or KV memory)"
             ),
-            retry_after_s=max(1.0, loads.decode_time_s * (decode_load - 1.0)),
+            retry_after_s=_hint(loads.decode_time_s * (decode_load - 1.0)),
         )
     return None
+
+
+MAX_RETRY_AFTER_S = 3600.0
+
+
+def _hint(wait_s: float) -> float:
+    """A client's retry hint: the expected wait, between 1 s and an hour (a vanishing SLO
+    would make it infinite)."""
+    return min(max(1.0, wait_s), MAX_RETRY_AFTER_S)

@@ -11,6 +11,8 @@ EvictionPolicy = Literal["lru", "lfu", "length-aware"]
 PREFILL_SCHEDULERS: tuple[str, ...] = ("kvcache-centric", "cache-aware", "load-balancing", "random")
 REJECTION_POLICIES: tuple[str, ...] = ("none", "baseline", "early", "early-predicted")
 EVICTION_POLICIES: tuple[str, ...] = ("lru", "lfu", "length-aware")
+_INT_FIELDS = ("block_size", "decode_time_window", "seed")
+_NUMBER_FIELDS = ("kvcache_balancing_threshold", "ttft_slo_s", "tbt_slo_s", "decode_time_s")
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +39,7 @@ class PolicyConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        self._check_types()
         if self.block_size <= 0:
             raise ValueError(f"block_size must be positive, got {self.block_size}")
         if self.prefill_scheduler not in PREFILL_SCHEDULERS:
@@ -63,6 +66,24 @@ class PolicyConfig:
                 raise ValueError(f"{name} must be a positive number of seconds, got {value}")
         if self.decode_time_window <= 0:
             raise ValueError(f"decode_time_window must be positive, got {self.decode_time_window}")
+
+    def _check_types(self) -> None:
+        """Refuse values of the wrong type (64.0 for an int, true for a number), which
+        comparisons alone let through from JSON."""
+        for name in _INT_FIELDS:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"{name} must be an integer, got {value!r}")
+        for name in _NUMBER_FIELDS:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ValueError(f"{name} must be a number, got {value!r}")
+        if not isinstance(self.learn_decode_time, bool):
+            value = self.learn_decode_time
+            raise ValueError(f"learn_decode_time must be true or false, got {value!r}")
+        for name in ("prefill_scheduler", "rejection_policy", "eviction_policy"):
+            if not isinstance(getattr(self, name), str):
+                raise ValueError(f"{name} must be a string, got {getattr(self, name)!r}")
 
     @property
     def effective_threshold(self) -> float:

@@ -657,4 +657,5 @@ class ConductorRuntime:
 
 
 def _sampling_to_proto(sampling: Sampling) -> pb.Sampling:
-    return pb.Sampling(temperature=sampling.temperature, top_k=sampling.top_k, seed=sampling.seed)
+    seed = (sampling.seed + 2**63) % 2**64 - 2**63  # into int64, as agent.proto carries it
+    return pb.Sampling(temperature=sampling.temperature, top_k=sampling.top_k, seed=seed)

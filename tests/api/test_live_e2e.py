@@ -159,9 +159,8 @@ def test_switching_a_role_drains_switches_audits_and_keeps_serving(served):
     assert switched.status_code == 200, switched.text
     assert switched.json()["role"] == "decode" and switched.json()["state"] == "active"
     assert set(conductor.runtime.core.decode) == {prefill, decode}
-    reply = httpx.post(
-        f"{url}/v1/native/requests", json={"token_ids": [5] * 70, "max_tokens": 3}, headers=KEY, timeout=60
-    )
+    body = {"token_ids": [5] * 70, "max_tokens": 3}
+    reply = httpx.post(f"{url}/v1/native/requests", json=body, headers=KEY, timeout=60)
     assert reply.status_code == 200
     with conductor.app.state.sessions() as session:
         audit = config_store.list_audit(session=session, start_s=None, end_s=None, limit=10)

@@ -26,6 +26,7 @@ router = APIRouter(prefix="/v1", tags=["observe"])
 
 NDJSON = "application/x-ndjson"
 MAX_STATS_WINDOW_S = 7 * 24 * 3600.0
+MAX_EXPORT_WINDOW_S = 31 * 24 * 3600.0
 _ERRORS: dict[int | str, dict[str, object]] = {
     400: {"model": ErrorBody, "description": "Invalid window"},
     401: {"model": ErrorBody, "description": "Missing or invalid credentials"},
@@ -75,6 +76,9 @@ def export_trace_jsonl(
         raise HTTPException(
             400, detail={"message": "need finite start_s < end_s", "code": "invalid_window"}
         )
+    if end_s - start_s > MAX_EXPORT_WINDOW_S:
+        message = f"an export spans at most {MAX_EXPORT_WINDOW_S:g} s; split the window"
+        raise HTTPException(400, detail={"message": message, "code": "invalid_window"})
     with sessions() as session:
         records = export_trace(session=session, start_s=start_s, end_s=end_s)
     body = "".join(
