@@ -166,3 +166,21 @@ def test_under_overload_excess_requests_get_429_while_accepted_ones_complete(ser
             body = reply.json()
             outcome = runtime.request(body["id"]).result(30)
             assert outcome.state == "completed" and outcome.num_generated_tokens == 3
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_stop_sequence_cuts_the_text_and_finishes_with_stop(served, stream):
+    url, _ = served
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key=API_KEY, max_retries=0)
+    asked = {"model": "tiny", "prompt": "one two three four", "max_tokens": 8, "temperature": 0}
+    full = client.completions.create(**asked).choices[0].text
+    stop = full[len(full) // 2 : len(full) // 2 + 3]
+    expected = full[: full.find(stop)]
+    if stream:
+        chunks = list(client.completions.create(**asked, stop=[stop], stream=True))
+        text = "".join(c.choices[0].text for c in chunks if c.choices)
+        reason = [c.choices[0].finish_reason for c in chunks if c.choices][-1]
+    else:
+        choice = client.completions.create(**asked, stop=[stop]).choices[0]
+        text, reason = choice.text, choice.finish_reason
+    assert (text, reason) == (expected, "stop")

@@ -43,6 +43,7 @@ from backend.api.schemas.convert import (
     sse_event,
     usage,
 )
+from backend.api.stops import StopText
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 
@@ -71,16 +72,21 @@ async def create_completion(body: CompletionRequest, principal: ApiKey, served: 
     if prepared.stream:
 
         async def events() -> AsyncIterator[bytes]:
+            stop = StopText(prepared.stop)
             async for token in relay(served, stream):
-                text = served.tokenizer.token_text(token)
-                yield sse_event(completion_chunk(**ids, text=text))
-            if ended_badly(stream) is not None:
+                text = stop.feed(served.tokenizer.token_text(token))
+                if text:
+                    yield sse_event(completion_chunk(**ids, text=text))
+                if stop.stopped:
+                    break  # the relay's thread still records the outcome
+            if not stop.stopped and ended_badly(stream) is not None:
                 yield stream_error_event(stream)
             else:
                 num_tokens = len(stream.tokens)
-                yield sse_event(
-                    completion_chunk(**ids, text="", finish_reason=finish_reason(stream))
-                )
+                if text := stop.flush():
+                    yield sse_event(completion_chunk(**ids, text=text))
+                reason = "stop" if stop.stopped else finish_reason(stream)
+                yield sse_event(completion_chunk(**ids, text="", finish_reason=reason))
                 if prepared.include_usage:
                     used = usage(prepared.num_input_tokens, num_tokens)
                     yield sse_event(
@@ -99,10 +105,12 @@ async def create_completion(body: CompletionRequest, principal: ApiKey, served: 
     failure = ended_badly(stream)
     if failure is not None:
         return failure
+    stop = StopText(prepared.stop)
+    text = stop.cut(served.tokenizer.decode(tokens))
     return completion_response(
         **ids,
-        text=served.tokenizer.decode(tokens),
-        finish_reason=finish_reason(stream),
+        text=text,
+        finish_reason="stop" if stop.stopped else finish_reason(stream),
         usage=usage(prepared.num_input_tokens, len(tokens)),
     )
 
@@ -126,12 +134,19 @@ async def create_chat_completion(
         async def events() -> AsyncIterator[bytes]:
             first: ChatCompletionChunk = chat_chunk(**ids, text="", is_first=True)
             yield sse_event(first)
+            stop = StopText(prepared.stop)
             async for token in relay(served, stream):
-                yield sse_event(chat_chunk(**ids, text=served.tokenizer.token_text(token)))
-            if ended_badly(stream) is not None:
+                if text := stop.feed(served.tokenizer.token_text(token)):
+                    yield sse_event(chat_chunk(**ids, text=text))
+                if stop.stopped:
+                    break  # the relay's thread still records the outcome
+            if not stop.stopped and ended_badly(stream) is not None:
                 yield stream_error_event(stream)
             else:
-                yield sse_event(chat_chunk(**ids, finish_reason=finish_reason(stream)))
+                if text := stop.flush():
+                    yield sse_event(chat_chunk(**ids, text=text))
+                reason = "stop" if stop.stopped else finish_reason(stream)
+                yield sse_event(chat_chunk(**ids, finish_reason=reason))
                 if prepared.include_usage:
                     used = usage(prepared.num_input_tokens, len(stream.tokens))
                     yield sse_event(chat_usage_chunk(**ids, usage=used))
@@ -142,9 +157,11 @@ async def create_chat_completion(
     failure = ended_badly(stream)
     if failure is not None:
         return failure
+    stop = StopText(prepared.stop)
+    text = stop.cut(served.tokenizer.decode(tokens))
     return chat_response(
         **ids,
-        text=served.tokenizer.decode(tokens),
-        finish_reason=finish_reason(stream),
+        text=text,
+        finish_reason="stop" if stop.stopped else finish_reason(stream),
         usage=usage(prepared.num_input_tokens, len(tokens)),
     )
