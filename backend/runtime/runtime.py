@@ -11,6 +11,7 @@ import dataclasses
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent import futures
 from dataclasses import dataclass, field
@@ -77,6 +78,7 @@ class ConductorRuntime:
         session_factory: sessionmaker[Session] | None = None,
         grpc_address: str | None = None,
         max_workers: int = 32,
+        max_finished_requests: int = 10_000,
     ) -> None:
         assert settings.agent_secret is not None, "the runtime needs the agents' secret"
         self.config = settings.policy_config()
@@ -92,6 +94,9 @@ class ConductorRuntime:
         self._lock = threading.Lock()
         self._agents: dict[str, AgentInfo] = {}
         self._requests: dict[str, RequestStream] = {}
+        # Finished requests stay readable (request()) until this many newer ones finished.
+        self._finished: deque[str] = deque()
+        self.max_finished_requests = max_finished_requests
         self._left: dict[str, str] = {}  # instance id -> why it left
         self.hits = BlockHits()
         self._sampler = (
@@ -502,6 +507,10 @@ class ConductorRuntime:
                     )
         finally:
             stream.close()
+            with self._lock:
+                self._finished.append(stream.request_id)
+                while len(self._finished) > self.max_finished_requests:
+                    self._requests.pop(self._finished.popleft(), None)
 
     def _record_decision(self, effect: DispatchPrefill) -> None:
         if self.metrics is not None:

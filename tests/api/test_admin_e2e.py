@@ -131,11 +131,15 @@ def test_a_stale_expected_version_is_409(served):
     assert served.core_config.kvcache_balancing_threshold == 2.0
 
 
-def test_a_restart_on_the_same_database_restores_the_saved_version(database_url):
+def test_a_restart_on_the_same_database_keeps_configuration_and_history(database_url):
     first = Served(database_url)
     try:
         change = {"config": {"kvcache_balancing_threshold": 6.0, "rejection_policy": "early"}}
         assert httpx.put(f"{first.url}/v1/config", json=change, headers=ADMIN).status_code == 200
+        body = {"token_ids": [1, 2, 3], "max_tokens": 2}  # no agents: refused, recorded
+        refused = httpx.post(f"{first.url}/v1/native/requests", json=body, headers=KEY)
+        assert refused.status_code == 429
+        request_id = refused.json()["error"]["request_id"]
     finally:
         first.stop()
     second = Served(database_url)
@@ -143,6 +147,12 @@ def test_a_restart_on_the_same_database_restores_the_saved_version(database_url)
         assert second.core_config.kvcache_balancing_threshold == 6.0
         assert second.core_config.rejection_policy == "early"
         assert httpx.get(f"{second.url}/v1/config", headers=KEY).json()["version"] == 2
+        # History too: the request served before the restart is read from the database.
+        record = httpx.get(f"{second.url}/v1/requests/{request_id}", headers=KEY)
+        assert record.status_code == 200, record.text
+        outcome = record.json()["outcome"]
+        assert (outcome["state"], outcome["stage"]) == ("rejected", "admission")
+        assert record.json()["num_input_tokens"] == 3
     finally:
         second.stop()
 

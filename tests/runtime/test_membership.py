@@ -8,6 +8,7 @@ from concurrent import futures
 import grpc
 import pytest
 
+from backend.db import request_log
 from backend.metrics import ConductorMetrics
 from backend.rpc import agent_pb2 as pb
 from backend.rpc import agent_pb2_grpc as pb_grpc
@@ -143,3 +144,19 @@ def test_in_flight_prefill_on_a_silent_agent_fails_once_and_rejections_are_termi
     finally:
         hung.release.set()
         server.stop(grace=0)
+
+
+def test_finished_requests_are_forgotten_beyond_the_limit_but_stay_recorded(sessions) -> None:
+    runtime = ConductorRuntime(
+        make_settings(), COST, session_factory=sessions, grpc_address="127.0.0.1:0",
+        max_finished_requests=2,
+    )  # fmt: skip
+    try:
+        for number in range(3):  # no agents: each is refused at admission
+            runtime.submit(f"r{number}", [1, 2, 3], 2).result(5)
+        assert runtime.request("r0") is None
+        assert runtime.request("r1") is not None and runtime.request("r2") is not None
+        with sessions() as session:
+            assert request_log.get_request(session=session, request_id="r0").outcome is not None
+    finally:
+        runtime.stop()

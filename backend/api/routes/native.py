@@ -1,9 +1,10 @@
 """The native API: POST /v1/native/requests (text, token ids or trace hash ids, with SLO
-overrides) and GET /v1/requests/{id} (a request's record while this process knows it)."""
+overrides) and GET /v1/requests/{id} (a request's record: from memory while this process
+remembers it, else from the database)."""
 
 from collections.abc import AsyncIterator
 
-from fastapi import APIRouter, HTTPException
+from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import StreamingResponse
 
 from backend.api.auth import ApiKey
@@ -31,6 +32,9 @@ from backend.api.schemas import (
     RequestTimings,
 )
 from backend.api.schemas.convert import SSE_DONE, prepare_native, sse_event, usage
+from backend.db import request_log
+from backend.db.records import DecisionRecord
+from backend.db.records import RequestRecord as StoredRequest
 from backend.runtime import RequestStream
 
 router = APIRouter(prefix="/v1", tags=["native"])
@@ -82,13 +86,80 @@ async def create_native_request(body: NativeRequest, principal: ApiKey, served: 
     summary="A request's record: state, decision, timings and outcome",
     responses={401: _ERRORS[401], 404: _ERRORS[404]},
 )
-async def get_request(request_id: str, principal: ApiKey, served: ServedDep) -> RequestRecord:
+async def get_request(
+    request_id: str, principal: ApiKey, served: ServedDep, request: Request
+) -> RequestRecord:
+    """From memory while this process remembers the request, else from the database (older
+    requests, and those served before a restart)."""
     stream = served.runtime.request(request_id)
-    if stream is None or request_id not in served.submitted:
-        raise HTTPException(
-            404, detail={"message": f"no request {request_id!r}", "code": "request_not_found"}
+    if stream is not None and request_id in served.submitted:
+        return _record(served, stream)
+    sessions = getattr(request.app.state, "sessions", None)
+    if sessions is not None:
+        with sessions() as session:
+            stored = request_log.get_request(session=session, request_id=request_id)
+            decisions = request_log.list_decisions(session=session, request_id=request_id)
+        if stored is not None:
+            return _stored_record(served, stored, decisions)
+    raise HTTPException(
+        404, detail={"message": f"no request {request_id!r}", "code": "request_not_found"}
+    )
+
+
+def _stored_record(
+    served: Served, stored: StoredRequest, decisions: list[DecisionRecord]
+) -> RequestRecord:
+    """A request's record as the database has it (the model is the one served)."""
+    outcome = stored.outcome
+    decision = None
+    if decisions:
+        chosen = decisions[-1]
+        decision = DecisionSummary(
+            prefill_instance_id=chosen.prefill_instance_id,
+            decode_instance_id=chosen.decode_instance_id,
+            num_reused_tokens=chosen.num_reused_tokens,
+            num_transferred_tokens=chosen.num_fetch_blocks * served.limits.block_size,
+            fetch_source_instance_id=chosen.fetch_source_instance_id,
+            estimated_ttft_s=chosen.estimated_ttft_s,
         )
-    return _record(served, stream)
+    ended = None
+    if outcome is not None:
+        stage = outcome.stage if outcome.state == "rejected" else None
+        generated = outcome.num_generated_tokens or 0
+        ended = Outcome(
+            state=outcome.state,
+            reason=outcome.reason,
+            stage=stage if stage in ("admission", "decode") else None,  # type: ignore[arg-type]
+            message=outcome.message,
+            finish_reason=(
+                ("length" if generated >= stored.num_output_tokens else "stop")
+                if outcome.state == "completed"
+                else None
+            ),
+        )
+    ttft_s = outcome.ttft_s if outcome is not None else None
+    arrived_at_s = stored.arrival_time_s
+    timings = RequestTimings(
+        arrived_at_s=arrived_at_s,
+        first_token_at_s=arrived_at_s + ttft_s if ttft_s is not None else None,
+        finished_at_s=outcome.finished_time_s if outcome is not None else None,
+        ttft_s=ttft_s,
+        mean_tbt_s=outcome.tbt_mean_s if outcome is not None else None,
+        max_tbt_s=outcome.tbt_max_s if outcome is not None else None,
+    )
+    return RequestRecord(
+        id=stored.request_id,
+        model=served.limits.models[0],
+        state=outcome.state if outcome is not None else ("prefilling" if decisions else "queued"),
+        num_input_tokens=stored.num_input_tokens,
+        num_output_tokens=stored.num_output_tokens,
+        num_generated_tokens=(outcome.num_generated_tokens or 0) if outcome is not None else 0,
+        ttft_slo_s=stored.ttft_slo_s or served.default_ttft_slo_s,
+        tbt_slo_s=stored.tbt_slo_s or served.default_tbt_slo_s,
+        timings=timings,
+        decision=decision,
+        outcome=ended,
+    )
 
 
 def _record(served: Served, stream: RequestStream) -> RequestRecord:
@@ -133,6 +204,8 @@ def _record(served: Served, stream: RequestStream) -> RequestRecord:
             else None
         ),
         ttft_s=ttft_s,
+        mean_tbt_s=outcome.tbt_mean_s if outcome is not None else None,
+        max_tbt_s=outcome.tbt_max_s if outcome is not None else None,
     )
     return RequestRecord(
         id=stream.request_id,

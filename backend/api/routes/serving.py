@@ -92,6 +92,10 @@ async def on_invalid_request(request: Request, error: Exception) -> JSONResponse
     return JSONResponse(error.body().model_dump(), status_code=error.status_code)
 
 
+# Requests whose details this process keeps in memory; older ones are read from the database.
+MAX_REMEMBERED_REQUESTS = 20_000
+
+
 def new_request_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
@@ -103,6 +107,8 @@ async def submit(
     served.metrics.record_submitted(endpoint)
     ttft_slo_s = prepared.ttft_slo_s or served.default_ttft_slo_s
     tbt_slo_s = prepared.tbt_slo_s or served.default_tbt_slo_s
+    while len(served.submitted) >= MAX_REMEMBERED_REQUESTS:  # the oldest first
+        served.submitted.pop(next(iter(served.submitted)))
     served.submitted[request_id] = Submitted(
         model=prepared.model,
         created=int(time.time()),
