@@ -157,3 +157,56 @@ def twin_speed(
         typer.echo(json.dumps(asdict(result)))
     else:
         _print_table("twin speed", asdict(result))
+
+
+@bench_app.command("admission")
+def admission(
+    duration_s: float = typer.Option(10.0, "--duration-s", min=0.1, help="Seconds measured."),
+    concurrency: int = typer.Option(
+        4, "--concurrency", min=1, help="Concurrent keep-alive connections (closed loop)."
+    ),
+    num_prefill: int = typer.Option(1, "--prefill", min=1, help="Prefill agents (tiny)."),
+    num_decode: int = typer.Option(1, "--decode", min=1, help="Decode agents (tiny)."),
+    endpoint: str = typer.Option(
+        "completions", "--endpoint", help="completions (/v1/completions) or native."
+    ),
+    prompt_tokens: int = typer.Option(1024, "--prompt-tokens", min=1, help="Tokens a prompt."),
+    warmup_s: float = typer.Option(1.0, "--warmup-s", min=0.0, help="Unrecorded warm-up."),
+    log_level: str = typer.Option(
+        "info", "--log-level", help="The Conductor's log level (info logs each request)."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
+) -> None:
+    """The admission path under overload: starts its own Conductor (SQLite) and tiny agents,
+    sets a TTFT SLO no prefill can meet, and posts requests from concurrent keep-alive
+    clients; every one must be rejected early (429, stage admission). Reports rps and
+    latency percentiles, and GET /healthz on the same client as the same-run baseline."""
+    from backend.bench.admission import ENDPOINTS, run_admission_bench
+    from backend.cli.up_cmd import ChildFailed
+
+    if endpoint not in ENDPOINTS:
+        raise typer.BadParameter(f"choose one of {', '.join(ENDPOINTS)}", param_hint="--endpoint")
+    try:
+        report = run_admission_bench(
+            duration_s=duration_s,
+            concurrency=concurrency,
+            num_prefill=num_prefill,
+            num_decode=num_decode,
+            endpoint=endpoint,
+            prompt_tokens=prompt_tokens,
+            warmup_s=warmup_s,
+            log_level=log_level,
+            on_status=lambda line: _stderr.print(line, highlight=False, soft_wrap=True),
+        )
+    except ChildFailed as error:
+        _stderr.print(f"[red]error:[/red] {error}", highlight=False, soft_wrap=True)
+        raise typer.Exit(1) from None
+    if as_json:
+        typer.echo(json.dumps(report))
+        return
+    shown = {k: v for k, v in report.items() if not isinstance(v, dict)}
+    shown["other_statuses"] = json.dumps(report["other_statuses"])
+    shown["health rps"] = report["health"]["rps"]
+    shown["health p99_ms"] = report["health"]["p99_ms"]
+    shown["cores_used"] = json.dumps(report["cores_used"])
+    _print_table("admission path under overload", shown)
