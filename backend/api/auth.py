@@ -60,10 +60,13 @@ class Authenticator:
         return found
 
 
-def get_authenticator(request: Request) -> Authenticator:
+async def get_authenticator(request: Request) -> Authenticator:
     """The app's Authenticator, set by `create_app`."""
     return request.app.state.authenticator
 
+
+# The dependencies are `async def` though they never await: FastAPI runs plain `def` ones in
+# its thread pool, a round trip that cost more than the checks themselves.
 
 # Declared as security schemes so the OpenAPI document shows both ways to authenticate.
 _bearer = HTTPBearer(auto_error=False, description="An API key or the admin token.")
@@ -81,7 +84,7 @@ def _unauthorized(message: str, code: str, error: str | None = None) -> HTTPExce
     )
 
 
-def authenticate(
+async def authenticate(
     request: Request,
     authenticator: Annotated[Authenticator, Depends(get_authenticator)],
     bearer: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
@@ -113,12 +116,12 @@ def authenticate(
     return principal
 
 
-def require_api_key(principal: Annotated[Principal, Depends(authenticate)]) -> Principal:
+async def require_api_key(principal: Annotated[Principal, Depends(authenticate)]) -> Principal:
     """Submission and read endpoints: any API key; the admin token is accepted too."""
     return principal
 
 
-def require_admin(principal: Annotated[Principal, Depends(authenticate)]) -> Principal:
+async def require_admin(principal: Annotated[Principal, Depends(authenticate)]) -> Principal:
     """Configuration changes: the admin token only; an API key gets 403."""
     if not principal.is_admin:
         raise HTTPException(

@@ -6,6 +6,6 @@ exactly one terminal state. No REST here; the API layer submits through `submit(
 """
 
 from backend.runtime.requests import RequestStream, Sampling
-from backend.runtime.runtime import AgentInfo, ConductorRuntime
+from backend.runtime.runtime import AgentInfo, ConductorRuntime, RequestLogUnavailable
 
-__all__ = ["AgentInfo", "ConductorRuntime", "RequestStream", "Sampling"]
+__all__ = ["AgentInfo", "ConductorRuntime", "RequestLogUnavailable", "RequestStream", "Sampling"]

@@ -1,9 +1,11 @@
 """ConductorRuntime: the live driver of the policy core.
 
 One lock owns the core: every event is fed, and the in-memory part of its effects carried
-out, while holding it. Blocking work (agent RPCs, database writes) runs outside the lock on
-a thread pool, one worker per request from dispatch to its last token. Time comes from an
-injected monotonic clock.
+out, while holding it. Agent RPCs run outside the lock on a thread pool, one worker per
+request from dispatch to its last token. The request log (arrivals, decisions, outcomes) is
+queued under the lock, in the core's order, and written behind in batches by
+`backend.db.writer.RequestLogWriter`; readers that must see it call `flush_records()`.
+Time comes from an injected clock.
 """
 
 import contextlib
@@ -19,8 +21,9 @@ from dataclasses import dataclass, field
 import grpc
 from sqlalchemy.orm import Session, sessionmaker
 
-from backend.db import cluster_log, request_log
+from backend.db import cluster_log
 from backend.db.records import LoadSample, RequestOutcome
+from backend.db.writer import RecordNotAccepted, RequestLogWriter
 from backend.metrics import ConductorMetrics
 from backend.policy import ConductorCore, CostModel, PolicyConfig, block_keys
 from backend.policy import events as ev
@@ -52,6 +55,11 @@ from backend.runtime.service import ConductorService
 from backend.settings.conductor import ConductorSettings
 
 logger = logging.getLogger(__name__)
+
+
+class RequestLogUnavailable(RuntimeError):
+    """The request log cannot take a new request (its writer is stopped or far behind a
+    failing database): the request is refused before admission, so none goes unrecorded."""
 
 
 @dataclass(eq=False)
@@ -90,6 +98,13 @@ class ConductorRuntime:
         self._metadata = call_metadata(self._secret)
         self._clock = clock
         self._sessions = session_factory
+        # Arrivals, decisions and outcomes are written behind the serving path, in batches;
+        # they are queued under the lock, in the order the core produced them.
+        self._log = (
+            RequestLogWriter(session_factory, put_timeout_s=0).start()
+            if session_factory is not None
+            else None
+        )
         self._address = grpc_address or f"{settings.grpc_host}:{settings.grpc_port}"
         self._lock = threading.Lock()
         self._agents: dict[str, AgentInfo] = {}
@@ -150,6 +165,13 @@ class ConductorRuntime:
             agents = list(self._agents.values())
         for agent in agents:
             agent.channel.close()
+        if self._log is not None and not self._log.stop():
+            logger.error("the request log lost records at stop: %s", self._log.stats)
+
+    def flush_records(self, timeout_s: float | None = 10.0) -> bool:
+        """Wait until every arrival, decision and outcome so far is in the database (readers
+        that must see them call this first); False when `timeout_s` passed first."""
+        return self._log.flush(timeout_s) if self._log is not None else True
 
     def attach_metrics(self, metrics: ConductorMetrics) -> None:
         """Record decisions and replications in `metrics` (the app's /metrics registry)."""
@@ -415,13 +437,12 @@ class ConductorRuntime:
         with self._lock:
             if request_id in self._requests:
                 raise ValueError(f"request {request_id!r} was already submitted")
+            if self._log is not None:
+                try:
+                    self._log.record_arrival(arrival=arrival, block_size=self.config.block_size)
+                except RecordNotAccepted as error:
+                    raise RequestLogUnavailable(str(error)) from None
             self._requests[request_id] = stream
-        if self._sessions is not None:
-            with self._sessions() as session:
-                request_log.record_arrival(
-                    session=session, arrival=arrival, block_size=self.config.block_size
-                )
-        with self._lock:
             after = self._apply(self.core.handle(arrival))
         self._after(after)
         return stream
@@ -443,7 +464,9 @@ class ConductorRuntime:
                 num_reused_blocks = effect.plan.num_reused_tokens // self.config.block_size
                 self.hits.record(stream.block_keys, num_reused_blocks)
                 replicate = effect.request_id in replicated
-                after.append(lambda e=effect: self._record_decision(e))
+                self._log_record("decision", decision=effect, now_s=self._clock())
+                if self.metrics is not None:
+                    after.append(lambda e=effect: self.metrics.record_decision(e))
                 self._pool.submit(self._run, effect, replicate)
             elif isinstance(effect, Reject):
                 outcome = self._outcome("rejected", effect.reason, effect.stage, effect.message)
@@ -495,29 +518,20 @@ class ConductorRuntime:
             tbt_max_s=tbt[2] if tbt else None,
         )
         stream.dispatch = None
-        return [lambda: self._finish(stream)]
+        self._log_record("outcome", request_id=request_id, outcome=stream.outcome)
+        self._finished.append(request_id)
+        while len(self._finished) > self.max_finished_requests:
+            self._requests.pop(self._finished.popleft(), None)
+        return [stream.close]
 
-    def _finish(self, stream: RequestStream) -> None:
-        assert stream.outcome is not None
+    def _log_record(self, kind: str, **record: object) -> None:
+        """Queue a decision or an outcome for the request log (lock held; never waits)."""
+        if self._log is None:
+            return
         try:
-            if self._sessions is not None:
-                with self._sessions() as session:
-                    request_log.record_outcome(
-                        session=session, request_id=stream.request_id, outcome=stream.outcome
-                    )
-        finally:
-            stream.close()
-            with self._lock:
-                self._finished.append(stream.request_id)
-                while len(self._finished) > self.max_finished_requests:
-                    self._requests.pop(self._finished.popleft(), None)
-
-    def _record_decision(self, effect: DispatchPrefill) -> None:
-        if self.metrics is not None:
-            self.metrics.record_decision(effect)
-        if self._sessions is not None:
-            with self._sessions() as session:
-                request_log.record_decision(session=session, decision=effect, now_s=self._clock())
+            getattr(self._log, f"record_{kind}")(**record)
+        except RecordNotAccepted as error:  # the database has been failing for long
+            logger.error("request log: a %s was not recorded: %s", kind, error)
 
     def _evict(self, stub: pb_grpc.AgentStub, effect: Evict) -> None:
         try:

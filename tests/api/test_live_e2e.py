@@ -101,6 +101,7 @@ def test_the_report_counts_what_was_served(served):
     assert sum(series["rejected"]["admission:ttft_slo"]) == 2
     assert len(series["prefill_load"]) == len(series["decode_load"]) == num_windows
     # The records behind it: the same counts in the database.
+    assert conductor.runtime.flush_records()
     with conductor.app.state.sessions() as session:
         records = request_log.list_requests(session=session, start_s=start_s - 1, end_s=time.time())
     assert sorted(r.outcome.state for r in records) == ["completed"] * 6 + ["rejected"] * 2
@@ -108,6 +109,7 @@ def test_the_report_counts_what_was_served(served):
 
 def test_load_samples_and_agent_rows_are_recorded(served):
     _, conductor, agents, start_s = served
+    assert conductor.runtime.flush_records()
     with conductor.app.state.sessions() as session:
         rows = cluster_log.list_agents(session=session)
         samples = cluster_log.list_load_samples(session=session, start_s=start_s, end_s=time.time())
@@ -162,6 +164,7 @@ def test_switching_a_role_drains_switches_audits_and_keeps_serving(served):
     body = {"token_ids": [5] * 70, "max_tokens": 3}
     reply = httpx.post(f"{url}/v1/native/requests", json=body, headers=KEY, timeout=60)
     assert reply.status_code == 200
+    assert conductor.runtime.flush_records()
     with conductor.app.state.sessions() as session:
         audit = config_store.list_audit(session=session, start_s=None, end_s=None, limit=10)
         row = {r.instance_id: r for r in cluster_log.list_agents(session=session)}[prefill]

@@ -156,6 +156,7 @@ def test_finished_requests_are_forgotten_beyond_the_limit_but_stay_recorded(sess
             runtime.submit(f"r{number}", [1, 2, 3], 2).result(5)
         assert runtime.request("r0") is None
         assert runtime.request("r1") is not None and runtime.request("r2") is not None
+        assert runtime.flush_records()
         with sessions() as session:
             assert request_log.get_request(session=session, request_id="r0").outcome is not None
     finally:

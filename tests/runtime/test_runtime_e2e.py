@@ -89,6 +89,7 @@ def test_requests_complete_reuse_prefixes_and_survive_a_killed_agent(cluster, mo
     assert r4.tokens == _reference(model, third)
     assert r4.decisions[0].instance_id != holder
 
+    assert runtime.flush_records()  # the request log is written behind
     with sessions() as session:
         records = {
             rid: request_log.get_request(session=session, request_id=rid)

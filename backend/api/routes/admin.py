@@ -37,14 +37,14 @@ _ERRORS: dict[int | str, dict[str, object]] = {
 _FIXED_FIELDS = frozenset({"block_size"})
 
 
-def get_sessions(request: Request) -> sessionmaker[Session]:
+async def get_sessions(request: Request) -> sessionmaker[Session]:
     sessions = getattr(request.app.state, "sessions", None)
     if sessions is None:
         raise HTTPException(503, detail={"message": "no database attached", "code": "no_database"})
     return sessions
 
 
-def get_runtime(request: Request) -> ConductorRuntime:
+async def get_runtime(request: Request) -> ConductorRuntime:
     return get_runtime_of(request.app)
 
 

@@ -92,6 +92,7 @@ def read_report(
     interval_s = interval_s or default_interval_s(end_s - start_s)
     if (end_s - start_s) / interval_s > MAX_WINDOWS:
         raise _bad_window(f"at most {MAX_WINDOWS} series windows; raise interval_s")
+    runtime.flush_records()
     with sessions() as session:
         requests = request_log.list_requests(session=session, start_s=start_s, end_s=end_s)
         decisions = request_log.list_decisions_between(

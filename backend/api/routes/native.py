@@ -5,7 +5,9 @@ remembers it, else from the database)."""
 from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, HTTPException, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
+from sqlalchemy.orm import Session, sessionmaker
 
 from backend.api.auth import ApiKey
 from backend.api.routes.serving import (
@@ -96,14 +98,22 @@ async def get_request(
         return _record(served, stream)
     sessions = getattr(request.app.state, "sessions", None)
     if sessions is not None:
-        with sessions() as session:
-            stored = request_log.get_request(session=session, request_id=request_id)
-            decisions = request_log.list_decisions(session=session, request_id=request_id)
+        stored, decisions = await run_in_threadpool(_read_stored, served, sessions, request_id)
         if stored is not None:
             return _stored_record(served, stored, decisions)
     raise HTTPException(
         404, detail={"message": f"no request {request_id!r}", "code": "request_not_found"}
     )
+
+
+def _read_stored(
+    served: Served, sessions: sessionmaker[Session], request_id: str
+) -> tuple[StoredRequest | None, list[DecisionRecord]]:
+    served.runtime.flush_records()
+    with sessions() as session:
+        stored = request_log.get_request(session=session, request_id=request_id)
+        decisions = request_log.list_decisions(session=session, request_id=request_id)
+    return stored, decisions
 
 
 def _stored_record(

@@ -70,7 +70,7 @@ class StatsView(BaseModel):
     responses={**_ERRORS, 200: {"content": {NDJSON: {}}, "description": "One row a line"}},
 )
 def export_trace_jsonl(
-    principal: ApiKey, sessions: SessionsDep, start_s: float, end_s: float
+    principal: ApiKey, runtime: RuntimeDep, sessions: SessionsDep, start_s: float, end_s: float
 ) -> Response:
     if not (math.isfinite(start_s) and math.isfinite(end_s)) or end_s <= start_s:
         raise HTTPException(
@@ -79,6 +79,7 @@ def export_trace_jsonl(
     if end_s - start_s > MAX_EXPORT_WINDOW_S:
         message = f"an export spans at most {MAX_EXPORT_WINDOW_S:g} s; split the window"
         raise HTTPException(400, detail={"message": message, "code": "invalid_window"})
+    runtime.flush_records()
     with sessions() as session:
         records = export_trace(session=session, start_s=start_s, end_s=end_s)
     body = "".join(
@@ -118,9 +119,11 @@ def agent_view(runtime: ConductorRuntime, instance_id: str, agent: AgentInfo) ->
 )
 def read_stats(
     principal: ApiKey,
+    runtime: RuntimeDep,
     sessions: SessionsDep,
     window_s: Annotated[float, Query(gt=0, le=MAX_STATS_WINDOW_S)] = 300.0,
 ) -> StatsView:
+    runtime.flush_records()
     now_s = time.time()
     with sessions() as session:
         # Arrivals up to one window earlier may have finished inside this window.

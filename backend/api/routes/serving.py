@@ -17,7 +17,6 @@ from typing import Annotated
 from fastapi import Depends, HTTPException, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
-from starlette.concurrency import run_in_threadpool
 
 from backend.api.schemas.convert import (
     ApiLimits,
@@ -29,7 +28,7 @@ from backend.api.schemas.convert import (
 from backend.api.schemas.errors import ErrorBody, RejectionBody
 from backend.metrics import ConductorMetrics
 from backend.policy.effects import Reject
-from backend.runtime import ConductorRuntime, RequestStream, Sampling
+from backend.runtime import ConductorRuntime, RequestLogUnavailable, RequestStream, Sampling
 from backend.tokenizer import SyntheticTokenizer
 
 DEFAULT_MODEL = "tiny"
@@ -66,7 +65,7 @@ class Submitted:
     tbt_slo_s: float
 
 
-def get_served(request: Request) -> Served:
+async def get_served(request: Request) -> Served:
     return request.app.state.served
 
 
@@ -119,15 +118,23 @@ async def submit(
         tbt_slo_s=tbt_slo_s,
     )
     sampling = Sampling(temperature=prepared.temperature, seed=prepared.seed or 0)
-    stream = await run_in_threadpool(
-        served.runtime.submit,
-        request_id,
-        prepared.token_ids.tolist(),
-        prepared.num_output_tokens,
-        ttft_slo_s=prepared.ttft_slo_s,
-        tbt_slo_s=prepared.tbt_slo_s,
-        sampling=sampling,
-    )
+    # On the event loop: submit only decides and queues (agent RPCs and the request log run
+    # on other threads), in tens of microseconds; a thread round trip would cost more.
+    try:
+        stream = served.runtime.submit(
+            request_id,
+            prepared.token_ids.tolist(),
+            prepared.num_output_tokens,
+            ttft_slo_s=prepared.ttft_slo_s,
+            tbt_slo_s=prepared.tbt_slo_s,
+            sampling=sampling,
+        )
+    except RequestLogUnavailable as error:
+        raise HTTPException(
+            503,
+            detail={"message": f"cannot record requests now: {error}", "code": "log_unavailable"},
+            headers={"Retry-After": "5"},
+        ) from None
     outcome = stream.outcome
     if outcome is not None and outcome.state == "rejected" and not stream.decisions:
         record_outcome(served.metrics, stream)
