@@ -121,6 +121,7 @@ def conductor_command(
             host=settings.host,
             port=settings.port,
             log_level=settings.log_level,
+            access_log=settings.access_log,
             lifespan="off",
         )
     )

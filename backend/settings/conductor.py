@@ -102,6 +102,9 @@ class ConductorSettings(BaseSettings):
     grpc_host: str = "127.0.0.1"
     grpc_port: Port = 50051
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    # One log line per HTTP request. Off by default: the database records every request, and
+    # at hundreds of requests a second the lines cost more than the requests.
+    access_log: bool = False
 
     data_dir: Path = Path("data")
     # Empty: a SQLite file `kvcentric.db` under data_dir. Else sqlite:// or postgresql[+driver]://.

@@ -32,6 +32,7 @@ import xxhash
 
 EOS_TOKEN_ID = 0
 CHUNK_BYTES = 6
+MAX_CACHED_PIECES = 65_536
 _CONSONANTS = "bdfghklmnprstvz"
 _VOWELS = "aeiou"
 _SYLLABLES = tuple(c + v for c in _CONSONANTS for v in _VOWELS)
@@ -55,20 +56,32 @@ class SyntheticTokenizer:
         self.eos_token_id = EOS_TOKEN_ID
         self._num_words = vocab_size - 1
         self._max_word_chars = len(_spell(self._num_words - 1)) + 1
+        # Pieces repeat (words of a language): their ids, for the most recent MAX_CACHED.
+        self._piece_ids: dict[str, tuple[int, ...]] = {}
 
     def encode(self, text: str) -> list[int]:
         """Token ids of `text`, each in [1, vocab_size); never the end-of-sequence id."""
         ids: list[int] = []
+        cache = self._piece_ids
         for piece in _PIECE.findall(text):
-            word_id = self._word_id(piece)
-            if word_id is not None:
-                ids.append(word_id)
-                continue
-            raw = piece.encode("utf-8")
-            for start in range(0, len(raw), CHUNK_BYTES):
-                digest = xxhash.xxh3_64_intdigest(raw[start : start + CHUNK_BYTES])
-                ids.append(1 + digest % self._num_words)
+            piece_ids = cache.get(piece)
+            if piece_ids is None:
+                piece_ids = self._encode_piece(piece)
+                if len(cache) >= MAX_CACHED_PIECES:
+                    cache.clear()  # rare; cheaper than tracking recency on every hit
+                cache[piece] = piece_ids
+            ids.extend(piece_ids)
         return ids
+
+    def _encode_piece(self, piece: str) -> tuple[int, ...]:
+        word_id = self._word_id(piece)
+        if word_id is not None:
+            return (word_id,)
+        raw = piece.encode("utf-8")
+        return tuple(
+            1 + xxhash.xxh3_64_intdigest(raw[start : start + CHUNK_BYTES]) % self._num_words
+            for start in range(0, len(raw), CHUNK_BYTES)
+        )
 
     def decode(self, ids: Iterable[int]) -> str:
         """The text of `ids`: one vocabulary word per id, the end-of-sequence id as ''."""

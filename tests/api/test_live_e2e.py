@@ -36,49 +36,54 @@ def served(tmp_path_factory):
     )
     conductor = start_conductor(settings)
     runtime = conductor.runtime
-    agents = wait_all(
-        [
-            AgentProcess(role, SECRET, "--conductor", runtime.address)
-            for role in ("prefill", "prefill", "decode")
-        ]
-    )
-    deadline = time.monotonic() + 30
-    while len(runtime.agents()) < 3 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert len(runtime.agents()) == 3
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(conductor.app, log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.01)
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    start_s = time.time()
-    # Traffic: six prompts sharing a prefix (all but the first reuse it), two refused at
-    # admission by an unreachable per-request TTFT SLO.
-    for i in range(6):
-        reply = httpx.post(
-            f"{url}/v1/native/requests",
-            json={"token_ids": [*PREFIX, 1000 + i, 7, 8], "max_tokens": 4},
-            headers=KEY,
-            timeout=60,
+    agents: list[AgentProcess] = []
+    server: uvicorn.Server | None = None
+    try:  # a failed setup must not leave agent processes behind
+        agents = wait_all(
+            [
+                AgentProcess(role, SECRET, "--conductor", runtime.address)
+                for role in ("prefill", "prefill", "decode")
+            ]
         )
-        assert reply.status_code == 200, reply.text
-    for i in range(2):
-        reply = httpx.post(
-            f"{url}/v1/native/requests",
-            json={"token_ids": [2000 + i] * 80, "max_tokens": 4, "ttft_slo_s": 1e-6},
-            headers=KEY,
-            timeout=60,
-        )
-        assert reply.status_code == 429, reply.text
-    time.sleep(0.6)  # a few load samples after the traffic
-    yield url, conductor, agents, start_s
-    server.should_exit = True
-    thread.join(10)
-    stop_agents(agents)
-    conductor.stop()
+        deadline = time.monotonic() + 30
+        while len(runtime.agents()) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(runtime.agents()) == 3
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        server = uvicorn.Server(uvicorn.Config(conductor.app, log_level="warning", lifespan="off"))
+        thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+        thread.start()
+        while not server.started:
+            time.sleep(0.01)
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        start_s = time.time()
+        # Traffic: six prompts sharing a prefix (all but the first reuse it), two refused at
+        # admission by an unreachable per-request TTFT SLO.
+        for i in range(6):
+            reply = httpx.post(
+                f"{url}/v1/native/requests",
+                json={"token_ids": [*PREFIX, 1000 + i, 7, 8], "max_tokens": 4},
+                headers=KEY,
+                timeout=60,
+            )
+            assert reply.status_code == 200, reply.text
+        for i in range(2):
+            reply = httpx.post(
+                f"{url}/v1/native/requests",
+                json={"token_ids": [2000 + i] * 80, "max_tokens": 4, "ttft_slo_s": 1e-6},
+                headers=KEY,
+                timeout=60,
+            )
+            assert reply.status_code == 429, reply.text
+        time.sleep(0.6)  # a few load samples after the traffic
+        yield url, conductor, agents, start_s
+    finally:
+        if server is not None:
+            server.should_exit = True
+            thread.join(10)
+        stop_agents(agents)
+        conductor.stop()
 
 
 def test_the_report_counts_what_was_served(served):

@@ -23,6 +23,19 @@ KVCENTRIC = str(Path(sys.executable).parent / "kvcentric")
 _READY = re.compile(r"ready: id=(\S+) role=\S+ control=(\S+) data=(\S+)")
 
 
+_STARTED: list[subprocess.Popen] = []
+
+
+def kill_leftover_agents() -> int:
+    """Kill agents a test left running (a fixture that failed before its teardown); returns
+    how many. Called once at the end of the test session."""
+    leftovers = [process for process in _STARTED if process.poll() is None]
+    for process in leftovers:
+        process.kill()
+        process.wait(10)
+    return len(leftovers)
+
+
 class AgentProcess:
     """One running agent; `stub` calls it with the secret, `bare_stub` without."""
 
@@ -47,6 +60,7 @@ class AgentProcess:
             text=True,
             env={**os.environ, **env} if env else None,
         )
+        _STARTED.append(self.process)
         self.stderr_lines: list[str] = []
         threading.Thread(target=self._drain_stderr, daemon=True).start()
         self.instance_id = self.control_address = self.data_address = ""
