@@ -2,10 +2,14 @@
 
 import typer
 
-from backend.cli import bench_agents_cmd  # noqa: F401  (adds the agents' benchmarks)
+from backend.cli import (
+    bench_agents_cmd,  # noqa: F401  (adds the agents' benchmarks)
+    bench_whatif_cmd,  # noqa: F401  (adds the console's what-if benchmark)
+)
 from backend.cli.agent_cmd import agent_command
 from backend.cli.bench_cmd import bench_app
 from backend.cli.conductor_cmd import conductor_command
+from backend.cli.console_cmd import console_command
 from backend.cli.profile_cmd import profile
 from backend.cli.replay_cmd import replay_command
 from backend.cli.trace_cmd import trace_app
@@ -24,6 +28,7 @@ app.add_typer(bench_app, name="bench")
 app.add_typer(twin_app, name="twin")
 app.command("agent")(agent_command)
 app.command("conductor")(conductor_command)
+app.command("console")(console_command)
 app.command("profile")(profile)
 app.command("replay")(replay_command)
 app.command("up")(up_command)

@@ -2,9 +2,11 @@
 
 Generates the secrets (printed once; passed to the children in KVC_* variables, never on
 their command lines), starts `kvcentric conductor` on SQLite under --data-dir, waits for
-/healthz, starts the `tiny` agents on free loopback ports, waits until they have joined,
-replays a length-scaled window of the shipped trace and prints its summary, then keeps the
-stack running until Ctrl-C or SIGTERM, which stops every child (SIGTERM, then wait).
+/healthz, starts the operator console (`kvcentric console`, pre-filled with the keys) and
+the `tiny` agents on free loopback ports, waits until they have joined and the console
+answers, replays a length-scaled window of the shipped trace and prints its summary, then
+keeps the stack running until Ctrl-C or SIGTERM, which stops every child (SIGTERM, then
+wait).
 """
 
 import json
@@ -87,6 +89,15 @@ def _get(url: str, api_key: str | None = None) -> object | None:
         return None
 
 
+def _answers(url: str) -> bool:
+    """Whether `url` answers 200 (any body)."""
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status == 200
+    except (OSError, urllib.error.URLError, ValueError):
+        return False
+
+
 def _wait_for(what: str, ready, children: list[Child], timeout_s: float = _START_TIMEOUT_S):
     deadline = time.monotonic() + timeout_s
     while True:
@@ -119,6 +130,8 @@ def up_command(
         None, "--grpc-port", help="gRPC port for agents (default: a free one)."
     ),
     no_replay: bool = typer.Option(False, "--no-replay", help="Skip the trace replay."),
+    console_port: int = typer.Option(8501, "--console-port", help="The operator console's port."),
+    no_console: bool = typer.Option(False, "--no-console", help="Do not start the console."),
 ) -> None:
     """Start the Conductor, agents and a trace replay on this machine; Ctrl-C stops all."""
     from backend.settings import ConductorSettings
@@ -143,6 +156,7 @@ def up_command(
         "KVC_BLOCK_SIZE": block_size,  # the agents' must match the Conductor's
     }
     base_url = f"http://{host}:{port}"
+    console_url = f"http://127.0.0.1:{console_port}"
     gport = grpc_port if grpc_port is not None else _free_port("127.0.0.1")
     children: list[Child] = []
     replay: Child | None = None
@@ -156,6 +170,18 @@ def up_command(
             )  # fmt: skip
             children.append(conductor)
             _wait_for("the conductor's /healthz", lambda: _get(f"{base_url}/healthz"), children)
+            if not no_console:  # starts while the agents load their models
+                keys = {"KVC_CONSOLE_API_KEY": api_key, "KVC_CONSOLE_ADMIN_TOKEN": admin_token}
+                args = ["--backend", base_url, "--host", "127.0.0.1", "--port", str(console_port)]
+                children.append(
+                    Child(
+                        "console",
+                        [_KVCENTRIC, "console", *args],
+                        {**env, **keys},
+                        logs / "console.log",
+                        stdout_pipe=False,
+                    )
+                )
             roles = ["prefill"] * prefill + ["decode"] * decode
             for index, role in enumerate(roles):
                 children.append(
@@ -190,13 +216,18 @@ def up_command(
                 return isinstance(agents, list) and len(agents) >= len(roles)
 
             _wait_for(f"{len(roles)} agents to join", joined, children)
+            if not no_console:
+                _wait_for(
+                    "the console", lambda: _answers(f"{console_url}/_stcore/health"), children
+                )
         except ChildFailed as error:
             typer.echo(f"error: {error}", err=True)
             raise typer.Exit(1) from None
         typer.echo(
             f"kvcentric up: conductor and {prefill} prefill + {decode} decode agents running\n"
             f"  REST API: {base_url}/v1   docs: {base_url}/docs   metrics: {base_url}/metrics\n"
-            f"  agents join at 127.0.0.1:{gport}\n"
+            + ("" if no_console else f"  console: {console_url}\n")
+            + f"  agents join at 127.0.0.1:{gport}\n"
             f"  secrets (random, shown only now):\n"
             f"    KVC_API_KEY={api_key}\n"
             f"    KVC_ADMIN_TOKEN={admin_token}\n"

@@ -52,7 +52,7 @@ def test_up_replays_then_stops_cleanly_on_ctrl_c(tmp_path: Path) -> None:
     args = [
         KVCENTRIC, "up", "--minutes", "0:0.2", "--length-scale", "0.02", "--speed", "8",
         "--data-dir", str(tmp_path / "data"), "--port", str(_free_port()),
-        "--grpc-port", str(_free_port()),
+        "--grpc-port", str(_free_port()), "--console-port", str(_free_port()),
     ]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if not k.startswith("KVC_")}
     process = subprocess.Popen(
@@ -78,8 +78,9 @@ def test_up_replays_then_stops_cleanly_on_ctrl_c(tmp_path: Path) -> None:
         assert summary is not None, output
         assert int(summary.group(2)) > 0, output
         assert "KVC_API_KEY=" in output and "/docs" in output and "logs:" in output
+        assert "console:" in output.lower(), output
         children = _children(process.pid)
-        assert len(children) == 4, children  # conductor + 2 prefill + 1 decode
+        assert len(children) == 5, children  # conductor + 2 prefill + 1 decode + console
         process.send_signal(signal.SIGINT)
         assert process.wait(30) == 0, "".join(lines)
         deadline = time.monotonic() + 5

@@ -1,0 +1,87 @@
+"""`kvcentric console`: the operator console, `streamlit run console/app.py` with headless
+settings, bound to loopback unless told otherwise. The backend URL, keys and twin profile
+reach the app as KVC_CONSOLE_* environment variables (console/settings.py), never on the
+streamlit command line where other users of the machine could read them."""
+
+import os
+import sys
+from pathlib import Path
+
+import typer
+
+from console.settings import (
+    DEFAULT_BACKEND_URL,
+    DEFAULT_REFRESH_S,
+    DEFAULT_TWIN_PROFILE,
+    ENV_ADMIN_TOKEN,
+    ENV_API_KEY,
+    ENV_BACKEND,
+    ConsoleSettings,
+)
+
+APP_PATH = Path(__file__).resolve().parents[2] / "console" / "app.py"
+DEFAULT_PORT = 8501
+_BUILTIN_PROFILES = ("paper",)
+_EXIT_BAD_INPUT = 2
+
+
+def streamlit_command(
+    settings: ConsoleSettings, *, host: str, port: int
+) -> tuple[list[str], dict[str, str]]:
+    """The streamlit command line and the environment to run it in."""
+    args = [
+        sys.executable, "-m", "streamlit", "run", str(APP_PATH),
+        "--server.address", host,
+        "--server.port", str(port),
+        "--server.headless", "true",
+        "--server.fileWatcherType", "none",
+        "--server.runOnSave", "false",
+        "--browser.gatherUsageStats", "false",
+        "--global.developmentMode", "false",
+        "--client.toolbarMode", "viewer",
+        "--client.showErrorDetails", "none",
+    ]  # fmt: skip
+    return args, {**os.environ, **settings.to_env()}
+
+
+def console_command(
+    backend: str = typer.Option(
+        DEFAULT_BACKEND_URL, "--backend", envvar=ENV_BACKEND, help="The Conductor's REST URL."
+    ),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address the console listens on."),
+    port: int = typer.Option(DEFAULT_PORT, "--port", min=1, max=65535, help="Console port."),
+    api_key: str = typer.Option(
+        "", "--api-key", envvar=ENV_API_KEY, help="Pre-fills the sidebar's API key."
+    ),
+    admin_token: str = typer.Option(
+        "", "--admin-token", envvar=ENV_ADMIN_TOKEN, help="Pre-fills the admin token."
+    ),
+    twin_profile: str = typer.Option(
+        str(DEFAULT_TWIN_PROFILE),
+        "--twin-profile",
+        help="The what-if twin's timing profile: a profile JSON (kvcentric profile) or 'paper'.",
+    ),
+    refresh_s: float = typer.Option(
+        DEFAULT_REFRESH_S, "--refresh-s", min=0.5, help="Live pages refresh every this often."
+    ),
+) -> None:
+    """Serve the operator console (Streamlit) for a running Conductor; Ctrl-C stops it."""
+    if twin_profile not in _BUILTIN_PROFILES and not Path(twin_profile).is_file():
+        typer.echo(f"error: --twin-profile: no file {twin_profile}", err=True)
+        raise typer.Exit(_EXIT_BAD_INPUT)
+    if not backend.startswith(("http://", "https://")):
+        typer.echo(f"error: --backend must be an http(s) URL, got {backend!r}", err=True)
+        raise typer.Exit(_EXIT_BAD_INPUT)
+    settings = ConsoleSettings(
+        backend_url=backend,
+        api_key=api_key,
+        admin_token=admin_token,
+        twin_profile=str(Path(twin_profile).resolve())
+        if twin_profile not in _BUILTIN_PROFILES
+        else twin_profile,
+        refresh_s=refresh_s,
+    )
+    args, env = streamlit_command(settings, host=host, port=port)
+    typer.echo(f"console: http://{host}:{port} (backend {backend})", err=True)
+    sys.stderr.flush()
+    os.execve(sys.executable, args, env)  # streamlit handles Ctrl-C and SIGTERM itself

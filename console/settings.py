@@ -1,0 +1,57 @@
+"""ConsoleSettings: where the console's defaults come from (KVC_CONSOLE_* environment, which
+`kvcentric console` sets from its options), so secrets never travel on a command line."""
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+# The measured profile of the `tiny` agents `kvcentric up` runs.
+DEFAULT_TWIN_PROFILE = REPO_ROOT / "docs" / "profiles" / "tiny-cpu.json"
+DEFAULT_BACKEND_URL = "http://127.0.0.1:8000"
+DEFAULT_REFRESH_S = 2.0
+
+ENV_BACKEND = "KVC_CONSOLE_BACKEND"
+ENV_API_KEY = "KVC_CONSOLE_API_KEY"
+ENV_ADMIN_TOKEN = "KVC_CONSOLE_ADMIN_TOKEN"
+ENV_TWIN_PROFILE = "KVC_CONSOLE_TWIN_PROFILE"
+ENV_REFRESH_S = "KVC_CONSOLE_REFRESH_S"
+
+
+@dataclass(frozen=True, slots=True)
+class ConsoleSettings:
+    """The sidebar's initial values and the twin's timing profile."""
+
+    backend_url: str = DEFAULT_BACKEND_URL
+    api_key: str = field(default="", repr=False)
+    admin_token: str = field(default="", repr=False)
+    twin_profile: str = str(DEFAULT_TWIN_PROFILE)
+    refresh_s: float = DEFAULT_REFRESH_S
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> "ConsoleSettings":
+        """From KVC_CONSOLE_* variables; a missing or empty one keeps the default."""
+        env = os.environ if env is None else env
+        refresh = env.get(ENV_REFRESH_S) or ""
+        try:
+            refresh_s = float(refresh) if refresh else DEFAULT_REFRESH_S
+        except ValueError:
+            refresh_s = DEFAULT_REFRESH_S
+        return cls(
+            backend_url=env.get(ENV_BACKEND) or DEFAULT_BACKEND_URL,
+            api_key=env.get(ENV_API_KEY) or "",
+            admin_token=env.get(ENV_ADMIN_TOKEN) or "",
+            twin_profile=env.get(ENV_TWIN_PROFILE) or str(DEFAULT_TWIN_PROFILE),
+            refresh_s=refresh_s if refresh_s > 0 else DEFAULT_REFRESH_S,
+        )
+
+    def to_env(self) -> dict[str, str]:
+        """The variables that make `from_env` return these settings."""
+        return {
+            ENV_BACKEND: self.backend_url,
+            ENV_API_KEY: self.api_key,
+            ENV_ADMIN_TOKEN: self.admin_token,
+            ENV_TWIN_PROFILE: self.twin_profile,
+            ENV_REFRESH_S: str(self.refresh_s),
+        }

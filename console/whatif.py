@@ -1,0 +1,211 @@
+"""The what-if runs behind the console: the twin's config of the live cluster (P:D from its
+agents, policy settings from its configuration, the console's timing profile), a proposed
+change applied to it, trace rows from a recorded window or an upload, and `twin.compare`
+run on both with progress reported in the caller's thread.
+
+A recorded window comes from GET /v1/export/trace, whose hash ids stand for blocks of
+TRACE_BLOCK_SIZE tokens like the public traces, so the twin runs at that block size.
+"""
+
+import math
+import os
+import queue
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from backend.traces.loader import TRACE_BLOCK_SIZE, TraceError, TraceRow, iter_trace
+from twin.compare import compare
+from twin.config import TwinConfig
+
+PROGRESS_POLL_S = 0.25
+# The series of a what-if run get about this many windows.
+NUM_SERIES_WINDOWS = 60
+ROLES = ("prefill", "decode")
+
+OnProgress = Callable[[float, str], None]
+
+
+@dataclass(frozen=True, slots=True)
+class ProposedChange:
+    """What the operator wants to try; None keeps the live value."""
+
+    threshold: float | None = None
+    scheduler: str | None = None
+    rejection: str | None = None
+    decode_time_s: float | None = None
+    num_prefill: int | None = None
+
+
+class TraceProblem(ValueError):
+    """A trace the twin cannot replay; str() names the source and, when known, the line."""
+
+    def __init__(self, message: str, line_number: int | None = None) -> None:
+        super().__init__(message)
+        self.line_number = line_number
+
+
+def live_split(agents: Sequence[Mapping[str, Any]]) -> tuple[int, int]:
+    """(prefill, decode) agents serving now; draining ones are on their way out."""
+    active = [agent for agent in agents if agent.get("state", "active") == "active"]
+    return tuple(sum(agent["role"] == role for agent in active) for role in ROLES)  # type: ignore[return-value]
+
+
+def live_twin_config(
+    policy: Mapping[str, Any], agents: Sequence[Mapping[str, Any]], *, profile: str
+) -> TwinConfig:
+    """The twin's model of the live cluster: its split, its policy settings and SLOs."""
+    num_prefill, num_decode = live_split(agents)
+    if num_prefill < 1 or num_decode < 1:
+        raise ValueError(
+            f"the live cluster has {num_prefill} prefill and {num_decode} decode agents "
+            "serving; the twin needs at least one of each"
+        )
+    return TwinConfig(
+        num_prefill=num_prefill,
+        num_decode=num_decode,
+        scheduler=policy["prefill_scheduler"],
+        rejection=policy["rejection_policy"],
+        threshold=_threshold(policy["kvcache_balancing_threshold"]),
+        eviction=policy["eviction_policy"],
+        ttft_slo_s=float(policy["ttft_slo_s"]),
+        tbt_slo_s=float(policy["tbt_slo_s"]),
+        decode_time_s=float(policy["decode_time_s"]),
+        learn_decode_time=bool(policy["learn_decode_time"]),
+        seed=int(policy.get("seed", 0)),
+        profile=profile,
+        block_size=TRACE_BLOCK_SIZE,
+    )
+
+
+def proposed_config(current: TwinConfig, change: ProposedChange) -> TwinConfig:
+    """`current` with the change; the P:D split keeps the cluster's total."""
+    total = current.num_prefill + current.num_decode
+    num_prefill = current.num_prefill if change.num_prefill is None else change.num_prefill
+    if not 1 <= num_prefill < total:
+        raise ValueError(f"{num_prefill} prefill agents of {total} leaves no decode agent")
+    updates: dict[str, Any] = {"num_prefill": num_prefill, "num_decode": total - num_prefill}
+    for name in ("threshold", "scheduler", "rejection", "decode_time_s"):
+        value = getattr(change, name)
+        if value is not None:
+            updates[name] = value
+    return current.with_changes(**updates)
+
+
+def policy_changes(current: TwinConfig, candidate: TwinConfig) -> dict[str, Any]:
+    """The live configuration's settings (PolicyConfig names) the candidate changes."""
+    names = {
+        "threshold": "kvcache_balancing_threshold",
+        "scheduler": "prefill_scheduler",
+        "rejection": "rejection_policy",
+        "decode_time_s": "decode_time_s",
+    }
+    return {
+        policy_name: getattr(candidate, twin_name)
+        for twin_name, policy_name in names.items()
+        if getattr(candidate, twin_name) != getattr(current, twin_name)
+    }
+
+
+def role_switches(agents: Sequence[Mapping[str, Any]], num_prefill: int) -> list[tuple[str, str]]:
+    """(instance id, new role) moves that reach `num_prefill` prefill agents, taking the
+    least busy agents of the pool that gives them up."""
+    current_prefill, _ = live_split(agents)
+    moves = num_prefill - current_prefill
+    if moves == 0:
+        return []
+    donor, target = ("decode", "prefill") if moves > 0 else ("prefill", "decode")
+    donors = [a for a in agents if a["role"] == donor and a.get("state", "active") == "active"]
+    donors.sort(key=lambda a: (_busy(a["load"]), a["instance_id"]))
+    return [(agent["instance_id"], target) for agent in donors[: abs(moves)]]
+
+
+def rows_from_jsonl(data: bytes, source: str) -> list[TraceRow]:
+    """The rows of a Mooncake JSONL trace held in memory; TraceProblem names `source` and
+    the line of the first malformed row."""
+    with tempfile.TemporaryDirectory(prefix="kvc-console-") as folder:
+        path = Path(folder) / "trace.jsonl"
+        path.write_bytes(data)
+        try:
+            return list(iter_trace(path))
+        except TraceError as error:
+            raise TraceProblem(
+                f"{source}, line {error.line_number}: {error.problem}", error.line_number
+            ) from None
+
+
+def series_interval_s(rows: Sequence[TraceRow], speed: float = 1.0) -> float:
+    """A series window giving about NUM_SERIES_WINDOWS windows over the rows' span."""
+    if len(rows) < 2:
+        return 1.0
+    span_s = (rows[-1].timestamp_ms - rows[0].timestamp_ms) / 1000.0 / speed
+    return max(1.0, math.ceil(span_s / NUM_SERIES_WINDOWS))
+
+
+def run_whatif(
+    current: TwinConfig,
+    candidate: TwinConfig,
+    rows: Sequence[TraceRow],
+    *,
+    on_progress: OnProgress | None = None,
+    trace_label: str = "",
+    workers: int | None = None,
+) -> dict[str, Any]:
+    """`twin.compare` of both configs on the same rows (the what-if result).
+
+    The comparison runs in a helper thread (its simulations in worker processes) while this
+    thread calls `on_progress(fraction, text)` a few times a second, so a Streamlit page can
+    move its progress bar: Streamlit elements may only be touched from the script's thread.
+    """
+    interval_s = series_interval_s(rows, current.speed)
+    configs = [config.with_changes(series_interval_s=interval_s) for config in (current, candidate)]
+    num_workers = workers or max(1, min(len(configs), os.cpu_count() or 1))
+    finished: queue.Queue[int] = queue.Queue()
+    outcome: dict[str, Any] = {}
+
+    def work() -> None:
+        try:
+            outcome["result"] = compare(
+                *configs,
+                rows,
+                workers=num_workers,
+                trace_label=trace_label,
+                on_done=lambda index, report: finished.put(index),
+            )
+        except BaseException as error:  # re-raised in the caller's thread
+            outcome["error"] = error
+
+    started_s = time.monotonic()
+    thread = threading.Thread(target=work, name="whatif", daemon=True)
+    thread.start()
+    num_done = 0
+    while thread.is_alive():
+        thread.join(PROGRESS_POLL_S)
+        while not finished.empty():
+            finished.get()
+            num_done += 1
+        if on_progress is not None:
+            elapsed_s = time.monotonic() - started_s
+            on_progress(
+                num_done / len(configs),
+                f"simulating {len(rows):,} requests twice (current, proposed): "
+                f"{num_done} of {len(configs)} runs done, {elapsed_s:.0f} s",
+            )
+    if "error" in outcome:
+        raise outcome["error"]
+    if on_progress is not None:
+        on_progress(1.0, f"done in {time.monotonic() - started_s:.1f} s")
+    return outcome["result"]
+
+
+def _threshold(value: float | str | None) -> float:
+    """The live threshold; the API writes an infinite one as null (strict JSON has no inf)."""
+    return math.inf if value is None else float(value)
+
+
+def _busy(load: Mapping[str, Any]) -> float:
+    return float(load.get("num_queued", 0) + load.get("num_running", 0) + load.get("batch_size", 0))

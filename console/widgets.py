@@ -1,0 +1,60 @@
+"""Pieces several pages share: the time-window picker, a row of report metrics, a chart and
+a dataframe of plain rows."""
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pandas as pd
+import plotly.graph_objects as go
+import streamlit as st
+
+from console import format as fmt
+
+WINDOWS_S: dict[str, float] = {
+    "last 1 min": 60.0,
+    "last 5 min": 300.0,
+    "last 15 min": 900.0,
+    "last 1 h": 3600.0,
+    "last 6 h": 6 * 3600.0,
+    "last 24 h": 24 * 3600.0,
+}
+DEFAULT_WINDOW = "last 5 min"
+WINDOW_KEY = "window"
+# The choice outlives the widget: Streamlit drops a widget's state when its page is left.
+WINDOW_CHOICE_KEY = "window_choice"
+
+
+def window_picker() -> float:
+    """The window the page reports on, in seconds; the same on every page."""
+    names = list(WINDOWS_S)
+    current = st.session_state.get(WINDOW_CHOICE_KEY, DEFAULT_WINDOW)
+    chosen = st.selectbox("Time window", names, index=names.index(current), key=WINDOW_KEY)
+    st.session_state[WINDOW_CHOICE_KEY] = chosen
+    return WINDOWS_S[chosen]
+
+
+def metric_row(
+    report: Mapping[str, Any], metrics: Sequence[tuple[str, str]], help_by_name=None
+) -> None:
+    """One st.metric per (label, report key), formatted by the key's unit."""
+    helps = help_by_name or {}
+    for column, (label, name) in zip(st.columns(len(metrics)), metrics, strict=True):
+        column.metric(label, fmt.metric(name, report.get(name)), help=helps.get(name))
+
+
+def chart(figure: go.Figure, key: str) -> None:
+    """A plotly chart without its tool bar, which would cover the title; dragging still
+    zooms and a double click resets."""
+    st.plotly_chart(figure, key=key, config={"displayModeBar": False})
+
+
+def table(
+    rows: Sequence[Mapping[str, Any]],
+    columns: Sequence[str] | None = None,
+    widths: Mapping[str, str] | None = None,
+) -> None:
+    """Rows as a dataframe (index hidden); `columns` orders and selects them, `widths` sets
+    some columns' width ("small", "medium", "large")."""
+    frame = pd.DataFrame(list(rows), columns=list(columns) if columns else None)
+    config = {name: st.column_config.Column(width=width) for name, width in (widths or {}).items()}
+    st.dataframe(frame, hide_index=True, width="stretch", column_config=config or None)

@@ -1,0 +1,129 @@
+"""A real backend for the console's tests: the Conductor (started by `kvcentric conductor`'s
+own start path) on a SQLite file, served by uvicorn on loopback, with one prefill and one
+decode `tiny` agent, and some traffic already recorded: completed requests sharing a prefix
+(cache hits) and requests rejected at admission."""
+
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+from streamlit.testing.v1 import AppTest
+
+from backend.cli.conductor_cmd import Conductor, start_conductor
+from console.client import BackendClient
+from tests.harness.agents import AgentProcess, stop_agents, wait_all
+from tests.runtime.conftest import SECRET, make_settings
+
+API_KEY = "api-key-0123456789"
+ADMIN_TOKEN = "admin-token-0123456789"
+APP_PATH = Path(__file__).resolve().parents[2] / "console" / "app.py"
+APP_TIMEOUT_S = 30.0
+NUM_COMPLETED = 6
+NUM_REJECTED = 3
+# Shared by every completed prompt: two full blocks of 64 tokens, reused after the first.
+SHARED_PREFIX = list(range(1, 129))
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class Backend:
+    """The running stack; `get` reads an endpoint with the API key, as the console does."""
+
+    url: str
+    conductor: Conductor
+    agents: list[AgentProcess]
+
+    def get(self, path: str, **params: object) -> Any:
+        return self._get(path, params).json()
+
+    def get_text(self, path: str, **params: object) -> str:
+        return self._get(path, params).text
+
+    def put_config(self, config: dict[str, Any]) -> None:
+        """Change the configuration with the admin token (no prediction), as the console
+        sends it (an infinite threshold as `Infinity`)."""
+        admin = BackendClient(self.url, api_key=API_KEY, admin_token=ADMIN_TOKEN)
+        admin.change_config(config)
+
+    def _get(self, path: str, params: dict[str, object]) -> httpx.Response:
+        response = httpx.get(
+            self.url + path, params=params, headers={"Authorization": f"Bearer {API_KEY}"}
+        )
+        response.raise_for_status()
+        return response
+
+
+def _submit(url: str, body: dict) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    return httpx.post(f"{url}/v1/native/requests", json=body, headers=headers, timeout=60)
+
+
+def _record_traffic(url: str) -> None:
+    for index in range(NUM_COMPLETED):
+        tokens = SHARED_PREFIX + [200 + index] * (40 + 10 * index)
+        response = _submit(url, {"token_ids": tokens, "max_tokens": 4})
+        assert response.status_code == 200, response.text
+    for index in range(NUM_REJECTED):
+        body = {"token_ids": [7 + index] * 90, "max_tokens": 2, "ttft_slo_s": 1e-6}
+        response = _submit(url, body)
+        assert response.status_code == 429, response.text
+
+
+@pytest.fixture(scope="session")
+def backend(tmp_path_factory) -> Backend:
+    database = tmp_path_factory.mktemp("console") / "conductor.db"
+    settings = make_settings(
+        database_url=f"sqlite:///{database}",
+        grpc_port=free_port(),
+        load_sample_interval_s=0.5,
+    )
+    conductor = start_conductor(settings)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    server = uvicorn.Server(uvicorn.Config(conductor.app, log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    agents: list[AgentProcess] = []
+    try:
+        while not server.started:
+            time.sleep(0.01)
+        agents = wait_all(
+            [
+                AgentProcess(role, SECRET, "--conductor", conductor.runtime.address)
+                for role in ("prefill", "decode")
+            ]
+        )
+        deadline = time.monotonic() + 30
+        while len(conductor.runtime.agents()) < len(agents) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(conductor.runtime.agents()) == len(agents)
+        _record_traffic(url)
+        time.sleep(1.5)  # a few load samples after the traffic
+        yield Backend(url=url, conductor=conductor, agents=agents)
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        stop_agents(agents)
+        conductor.stop()
+
+
+@pytest.fixture
+def app(backend: Backend, monkeypatch) -> AppTest:
+    """The console's entry script, pre-filled with the backend's URL and API key (not the
+    admin token) the way `kvcentric console` passes them."""
+    monkeypatch.setenv("KVC_CONSOLE_BACKEND", backend.url)
+    monkeypatch.setenv("KVC_CONSOLE_API_KEY", API_KEY)
+    monkeypatch.delenv("KVC_CONSOLE_ADMIN_TOKEN", raising=False)
+    return AppTest.from_file(APP_PATH, default_timeout=APP_TIMEOUT_S)
