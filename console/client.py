@@ -13,6 +13,8 @@ from typing import Any
 
 import httpx
 
+from console.prediction import json_safe
+
 READ_TIMEOUT_S = 10.0
 EXPORT_TIMEOUT_S = 60.0
 # Role switches drain the agent first: the call lasts up to the drain timeout.
@@ -73,13 +75,14 @@ class BackendClient:
     def audit(self, *, limit: int = 100) -> list[dict[str, Any]]:
         return self._read(AUDIT_PATH, {"limit": limit})
 
-    def export_trace(self, *, start_s: float, end_s: float) -> str:
-        """The requests that arrived in [start_s, end_s) as Mooncake JSONL text."""
+    def export_trace(self, *, start_s: float, end_s: float, block_size: int | None = None) -> str:
+        """The requests that arrived in [start_s, end_s) as Mooncake JSONL text, with hash ids
+        of `block_size` tokens (None: the public traces' 512)."""
         response = self._send(
             "GET",
             "/v1/export/trace",
             secret=self.api_key,
-            params={"start_s": start_s, "end_s": end_s},
+            params={"start_s": start_s, "end_s": end_s, "block_size": block_size},
             timeout_s=EXPORT_TIMEOUT_S,
         )
         return response.text
@@ -164,8 +167,8 @@ class BackendClient:
         headers = {"Authorization": f"Bearer {secret}"}
         content = None
         if body is not None:
-            # Python's JSON, as the backend parses it: an infinite threshold is `Infinity`.
-            content = json.dumps(body, allow_nan=True).encode()
+            # Strict JSON: the backend reads an infinite number sent as the string "inf".
+            content = json.dumps(json_safe(body), allow_nan=False).encode()
             headers["Content-Type"] = "application/json"
         kept = {name: value for name, value in (params or {}).items() if value is not None}
         try:

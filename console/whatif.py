@@ -3,8 +3,9 @@ agents, policy settings from its configuration, the console's timing profile), a
 change applied to it, trace rows from a recorded window or an upload, and `twin.compare`
 run on both with progress reported in the caller's thread.
 
-A recorded window comes from GET /v1/export/trace, whose hash ids stand for blocks of
-TRACE_BLOCK_SIZE tokens like the public traces, so the twin runs at that block size.
+The twin runs at the block size its trace's hash ids stand for: a recorded window is
+exported (GET /v1/export/trace) at the Conductor's own block size, so every block the live
+cluster could cache keeps its id; an uploaded public trace has TRACE_BLOCK_SIZE blocks.
 """
 
 import math
@@ -78,7 +79,7 @@ def live_twin_config(
         learn_decode_time=bool(policy["learn_decode_time"]),
         seed=int(policy.get("seed", 0)),
         profile=profile,
-        block_size=TRACE_BLOCK_SIZE,
+        block_size=int(policy["block_size"]),
     )
 
 
@@ -124,14 +125,16 @@ def role_switches(agents: Sequence[Mapping[str, Any]], num_prefill: int) -> list
     return [(agent["instance_id"], target) for agent in donors[: abs(moves)]]
 
 
-def rows_from_jsonl(data: bytes, source: str) -> list[TraceRow]:
-    """The rows of a Mooncake JSONL trace held in memory; TraceProblem names `source` and
-    the line of the first malformed row."""
+def rows_from_jsonl(
+    data: bytes, source: str, *, block_size: int = TRACE_BLOCK_SIZE
+) -> list[TraceRow]:
+    """The rows of a Mooncake JSONL trace held in memory, one hash id per `block_size`
+    tokens; TraceProblem names `source` and the line of the first malformed row."""
     with tempfile.TemporaryDirectory(prefix="kvc-console-") as folder:
         path = Path(folder) / "trace.jsonl"
         path.write_bytes(data)
         try:
-            return list(iter_trace(path))
+            return list(iter_trace(path, block_size))
         except TraceError as error:
             raise TraceProblem(
                 f"{source}, line {error.line_number}: {error.problem}", error.line_number
@@ -202,9 +205,9 @@ def run_whatif(
     return outcome["result"]
 
 
-def _threshold(value: float | str | None) -> float:
-    """The live threshold; the API writes an infinite one as null (strict JSON has no inf)."""
-    return math.inf if value is None else float(value)
+def _threshold(value: float | str) -> float:
+    """The live threshold; the API writes an infinite one as "inf" (strict JSON has no inf)."""
+    return float(value)
 
 
 def _busy(load: Mapping[str, Any]) -> float:

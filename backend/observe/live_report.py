@@ -59,7 +59,9 @@ def build_live_report(
     tbt_values = np.array([g for g, _ in gaps], dtype=float)
     tbt_weights = np.array([w for _, w in gaps], dtype=float)
     good = [r for r in completed if _within_slos(r, config)]
-    span_s = max(1.0, end_s - start_s)
+    # Goodput per second of the arrival span, as the twin defines it (not of the window).
+    arrivals = [r.arrival_time_s for r in requests]
+    span_s = max(1.0, (max(arrivals) - min(arrivals)) if arrivals else 0.0)
     input_tokens = sum(r.num_input_tokens for r in dispatched)
     full_blocks = sum(r.num_input_tokens // block_size for r in dispatched)
     reused = {rid: d.num_reused_tokens for rid, d in latest.items()}

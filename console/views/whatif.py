@@ -11,7 +11,7 @@ from typing import Any
 import streamlit as st
 
 from backend.policy.config import PREFILL_SCHEDULERS, REJECTION_POLICIES
-from backend.traces.loader import TraceRow
+from backend.traces.loader import TRACE_BLOCK_SIZE, TraceRow
 from console import format as fmt
 from console import prediction as predictions
 from console.connection import BackendError, client, settings, show_error
@@ -43,18 +43,33 @@ class Traffic:
     ago_min: float = 0.0
 
 
-def load_traffic(traffic: Traffic) -> tuple[list[TraceRow], dict[str, Any]]:
-    """The trace rows to replay and what they are (kept in the prediction)."""
+def load_traffic(
+    traffic: Traffic, *, live_block_size: int
+) -> tuple[list[TraceRow], dict[str, Any]]:
+    """The trace rows to replay and what they are (kept in the prediction), with the block
+    size their hash ids stand for: the Conductor's for a recorded window, the public
+    traces' for an upload."""
     if traffic.upload is not None:
         name = traffic.upload.name
         rows = rows_from_jsonl(traffic.upload.getvalue(), name)
-        return rows, {"source": "upload", "name": name, "num_rows": len(rows)}
+        return rows, {
+            "source": "upload",
+            "name": name,
+            "num_rows": len(rows),
+            "block_size": TRACE_BLOCK_SIZE,
+        }
     end_s = time.time() - 60.0 * traffic.ago_min
     start_s = end_s - 60.0 * traffic.length_min
-    text = client().export_trace(start_s=start_s, end_s=end_s)
+    text = client().export_trace(start_s=start_s, end_s=end_s, block_size=live_block_size)
     source = f"the recorded window {fmt.clock(start_s)} to {fmt.clock(end_s)}"
-    rows = rows_from_jsonl(text.encode(), source)
-    return rows, {"source": "recorded", "start_s": start_s, "end_s": end_s, "num_rows": len(rows)}
+    rows = rows_from_jsonl(text.encode(), source, block_size=live_block_size)
+    return rows, {
+        "source": "recorded",
+        "start_s": start_s,
+        "end_s": end_s,
+        "num_rows": len(rows),
+        "block_size": live_block_size,
+    }
 
 
 def proposal_form(current: TwinConfig) -> ProposedChange | None:
@@ -117,8 +132,9 @@ def run(
 ) -> None:
     """Simulate, and keep the result in the session for the result and Apply sections."""
     try:
+        rows, trace = load_traffic(traffic, live_block_size=current.block_size)
+        current = current.with_changes(block_size=trace["block_size"])
         candidate = proposed_config(current, change)
-        rows, trace = load_traffic(traffic)
     except (BackendError, TraceProblem, ValueError) as error:
         st.error(f"cannot run the what-if: {error}")
         return

@@ -196,3 +196,24 @@ def test_the_conductor_command_refuses_bad_settings_with_one_line_and_exit_2(mon
     assert result.exit_code == 2
     lines = result.output.strip().splitlines()
     assert lines == ["error: --port: must be between 1 and 65535, got 70000"]
+
+
+def test_an_infinite_threshold_travels_as_inf_and_survives_a_restart(database_url):
+    first = Served(database_url)
+    try:
+        change = {"config": {"kvcache_balancing_threshold": "inf"}}
+        reply = httpx.put(f"{first.url}/v1/config", json=change, headers=ADMIN)
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["config"]["kvcache_balancing_threshold"] == "inf"
+        assert first.core_config.kvcache_balancing_threshold == float("inf")
+        audit = httpx.get(f"{first.url}/v1/audit", headers=KEY).json()
+        assert audit[0]["new_value"]["kvcache_balancing_threshold"] == "inf"
+    finally:
+        first.stop()
+    second = Served(database_url)
+    try:
+        assert second.core_config.kvcache_balancing_threshold == float("inf")
+        body = httpx.get(f"{second.url}/v1/config", headers=KEY).json()
+        assert body["config"]["kvcache_balancing_threshold"] == "inf"
+    finally:
+        second.stop()

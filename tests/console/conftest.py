@@ -52,7 +52,7 @@ class Backend:
 
     def put_config(self, config: dict[str, Any]) -> None:
         """Change the configuration with the admin token (no prediction), as the console
-        sends it (an infinite threshold as `Infinity`)."""
+        sends it (an infinite threshold as "inf")."""
         admin = BackendClient(self.url, api_key=API_KEY, admin_token=ADMIN_TOKEN)
         admin.change_config(config)
 

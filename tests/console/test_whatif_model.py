@@ -9,7 +9,6 @@ import math
 import pytest
 
 from backend.policy.config import PolicyConfig
-from backend.traces.loader import TRACE_BLOCK_SIZE
 from console import prediction as predictions
 from console.history import describe_change, describe_prediction
 from console.whatif import (
@@ -53,12 +52,12 @@ def test_the_twin_models_the_live_split_policy_and_slos():
     assert (config.threshold, config.ttft_slo_s, config.tbt_slo_s) == (3.0, 12.0, 0.05)
     assert (config.scheduler, config.rejection) == ("kvcache-centric", "early-predicted")
     assert config.profile == "tiny.json"
-    assert config.block_size == TRACE_BLOCK_SIZE  # exported hash ids name 512-token blocks
+    assert config.block_size == 64  # the Conductor's: recorded windows export at it
 
 
-def test_an_infinite_threshold_comes_as_null():
+def test_an_infinite_threshold_comes_as_inf():
     config = live_twin_config(
-        {**POLICY, "kvcache_balancing_threshold": None}, AGENTS, profile="paper"
+        {**POLICY, "kvcache_balancing_threshold": "inf"}, AGENTS, profile="paper"
     )
     assert config.threshold == math.inf
 

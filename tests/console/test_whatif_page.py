@@ -6,7 +6,6 @@ prediction in the audit log, where the page then compares it with what the clust
 import json
 import time
 
-from backend.traces.loader import TRACE_BLOCK_SIZE
 from console import format as fmt
 from console.settings import DEFAULT_TWIN_PROFILE
 from console.whatif import rows_from_jsonl
@@ -41,7 +40,7 @@ def _twin_of_the_live_cluster(backend) -> TwinConfig:
         learn_decode_time=policy["learn_decode_time"],
         seed=policy["seed"],
         profile=str(DEFAULT_TWIN_PROFILE),
-        block_size=TRACE_BLOCK_SIZE,
+        block_size=policy["block_size"],  # recorded windows export at the Conductor's
     )
 
 
@@ -71,8 +70,8 @@ def test_a_recorded_window_runs_current_vs_proposed_in_the_twin(app, backend):
     current = _twin_of_the_live_cluster(backend)
     window = {key: whatif["trace"][key] for key in ("start_s", "end_s")}
     assert window["end_s"] - window["start_s"] == 600  # the default: the last 10 minutes
-    text = backend.get_text("/v1/export/trace", **window)
-    rows = rows_from_jsonl(text.encode(), "export")
+    text = backend.get_text("/v1/export/trace", **window, block_size=current.block_size)
+    rows = rows_from_jsonl(text.encode(), "export", block_size=current.block_size)
     assert len(rows) == result["trace"]["num_rows"]
     interval_s = result["reports"]["baseline"]["config"]["series_interval_s"]
     expected = compare(
@@ -190,7 +189,7 @@ def test_an_upload_is_needed_before_running_on_one(app):
 
 
 def test_a_live_infinite_threshold_is_modelled_as_infinite(app, backend):
-    backend.put_config({"kvcache_balancing_threshold": float("inf")})  # sent as Infinity
+    backend.put_config({"kvcache_balancing_threshold": float("inf")})  # sent as "inf"
     try:
         assert backend.conductor.runtime.core.config.kvcache_balancing_threshold == float("inf")
         open_page(app, "whatif")

@@ -6,6 +6,7 @@ database and restores the last saved configuration, so a restart keeps it.
 
 import dataclasses
 import logging
+import math
 import time
 from collections.abc import Mapping
 from typing import Annotated, Any
@@ -62,7 +63,9 @@ class ConfigChange(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    config: dict[str, Any] = Field(description="e.g. {'kvcache_balancing_threshold': 4}")
+    config: dict[str, Any] = Field(
+        description="e.g. {'kvcache_balancing_threshold': 4}; \"inf\" for an infinite number"
+    )
     prediction: dict[str, Any] | None = Field(
         default=None, description="The twin's what-if report that motivated the change."
     )
@@ -85,7 +88,7 @@ class AuditView(BaseModel):
 @router.get("/config", summary="The policy configuration in force", response_model=ConfigView)
 async def read_config(principal: ApiKey, runtime: RuntimeDep, request: Request) -> ConfigView:
     version = getattr(request.app.state, "config_version", None)
-    return ConfigView(version=version, config=dataclasses.asdict(runtime.core.config))
+    return ConfigView(version=version, config=config_to_json(runtime.core.config))
 
 
 @router.put(
@@ -102,17 +105,18 @@ def change_config(
     request: Request,
 ) -> ConfigView:
     current = dataclasses.asdict(runtime.core.config)
-    unknown = sorted(set(body.config) - set(current))
+    changes = config_from_json(body.config)
+    unknown = sorted(set(changes) - set(current))
     if unknown:
         raise _invalid(f"unknown setting(s): {', '.join(unknown)}")
-    fixed = sorted(n for n in _FIXED_FIELDS & set(body.config) if body.config[n] != current[n])
+    fixed = sorted(n for n in _FIXED_FIELDS & set(changes) if changes[n] != current[n])
     if fixed:
         raise _invalid(f"{', '.join(fixed)} cannot change while the Conductor runs")
     try:
-        config = PolicyConfig(**{**current, **body.config})
+        config = PolicyConfig(**{**current, **changes})
     except (TypeError, ValueError) as error:
         raise _invalid(str(error)) from None
-    new = dataclasses.asdict(config)
+    new = config_to_json(config)
     try:
         with sessions() as session:
             saved, _ = config_store.save_config_version(
@@ -160,12 +164,12 @@ def attach_database(app: FastAPI, sessions: sessionmaker[Session], *, now_s: flo
         if current is None:
             current, _ = config_store.save_config_version(
                 session=session,
-                config=dataclasses.asdict(runtime.core.config),
+                config=config_to_json(runtime.core.config),
                 actor="settings",
                 now_s=now_s,
                 action="config.initial",
             )
-    stored = _known_fields(current.config)
+    stored = _known_fields(config_from_json(current.config))
     stored["block_size"] = runtime.config.block_size
     apply_config(app, PolicyConfig(**stored), version=current.version)
     return current.version
@@ -184,6 +188,32 @@ def apply_config(app: FastAPI, config: PolicyConfig, *, version: int) -> None:
 
 def get_runtime_of(app: FastAPI) -> ConductorRuntime:
     return app.state.served.runtime
+
+
+def config_to_json(config: PolicyConfig) -> dict[str, Any]:
+    """The configuration as strict JSON carries it: an infinite number as the string "inf"
+    (JSON has no infinity; PostgreSQL's JSON type refuses one)."""
+    return {
+        name: ("inf" if value > 0 else "-inf")
+        if isinstance(value, float) and math.isinf(value)
+        else value
+        for name, value in dataclasses.asdict(config).items()
+    }
+
+
+def config_from_json(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The inverse of `config_to_json` for the number settings: "inf" (or "infinity") is
+    infinity; every other value is left for PolicyConfig to check."""
+    numbers = {"kvcache_balancing_threshold", "ttft_slo_s", "tbt_slo_s", "decode_time_s"}
+    return {
+        name: float(value)
+        if name in numbers and isinstance(value, str) and value.lower() in _INFINITIES
+        else value
+        for name, value in config.items()
+    }
+
+
+_INFINITIES = frozenset({"inf", "+inf", "-inf", "infinity", "+infinity", "-infinity"})
 
 
 def _known_fields(config: Mapping[str, Any]) -> dict[str, Any]:

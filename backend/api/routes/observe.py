@@ -21,6 +21,7 @@ from backend.observe.measures import percentile
 from backend.rpc.reports import AgentLoad
 from backend.runtime import ConductorRuntime
 from backend.runtime.runtime import AgentInfo
+from backend.traces.loader import TRACE_BLOCK_SIZE
 
 router = APIRouter(prefix="/v1", tags=["observe"])
 
@@ -70,7 +71,20 @@ class StatsView(BaseModel):
     responses={**_ERRORS, 200: {"content": {NDJSON: {}}, "description": "One row a line"}},
 )
 def export_trace_jsonl(
-    principal: ApiKey, runtime: RuntimeDep, sessions: SessionsDep, start_s: float, end_s: float
+    principal: ApiKey,
+    runtime: RuntimeDep,
+    sessions: SessionsDep,
+    start_s: float,
+    end_s: float,
+    block_size: Annotated[
+        int,
+        Query(
+            ge=1,
+            le=1 << 20,
+            description="Tokens per hash id: 512 as the public traces, or the Conductor's "
+            "own block size, so every recorded cacheable block keeps its id.",
+        ),
+    ] = TRACE_BLOCK_SIZE,
 ) -> Response:
     if not (math.isfinite(start_s) and math.isfinite(end_s)) or end_s <= start_s:
         raise HTTPException(
@@ -81,7 +95,7 @@ def export_trace_jsonl(
         raise HTTPException(400, detail={"message": message, "code": "invalid_window"})
     runtime.flush_records()
     with sessions() as session:
-        records = export_trace(session=session, start_s=start_s, end_s=end_s)
+        records = export_trace(session=session, start_s=start_s, end_s=end_s, block_size=block_size)
     body = "".join(
         json.dumps(record.to_json_dict(), separators=(",", ":")) + "\n" for record in records
     )
