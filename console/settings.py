@@ -4,11 +4,9 @@
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-# The measured profile of the `tiny` agents `kvcentric up` runs.
-DEFAULT_TWIN_PROFILE = REPO_ROOT / "docs" / "profiles" / "tiny-cpu.json"
+# The twin's built-in measured profile of the `tiny` agents `kvcentric up` runs.
+DEFAULT_TWIN_PROFILE = "tiny-cpu"
 DEFAULT_BACKEND_URL = "http://127.0.0.1:8000"
 DEFAULT_REFRESH_S = 2.0
 

@@ -19,7 +19,9 @@ from twin.measured import MeasuredTiming
 from twin.profile_fields import InstanceCapacities
 from twin.roofline import RooflineTiming
 
-BUILTIN_PROFILES = {"paper": "paper-llama2-70b-8xa800.json"}
+# "tiny-cpu": the `tiny` agents measured by `kvcentric profile` on this project's reference
+# 2-core CPU machine; what `kvcentric up` serves with, the console's what-if default.
+BUILTIN_PROFILES = {"paper": "paper-llama2-70b-8xa800.json", "tiny-cpu": "tiny-cpu.json"}
 
 
 class TimingModel(Protocol):
@@ -101,8 +103,16 @@ class NoisyTiming:
         return self._noisy(self.base.load_s(num_bytes, tier))
 
 
-def load_timing(profile: str, *, noise: float = 0.0, seed: int = 0) -> TimingModel:
-    """A built-in profile by name ("paper") or a profile JSON file; ValueError in one line."""
+def profile_path(profile: str) -> Path:
+    """The file of a built-in profile by name, or `profile` itself as a path."""
+    if profile in BUILTIN_PROFILES:
+        return Path(str(resources.files("twin") / "profiles" / BUILTIN_PROFILES[profile]))
+    return Path(profile)
+
+
+def read_profile(profile: str) -> tuple[Any, str]:
+    """The JSON of a built-in profile by name ("paper", "tiny-cpu") or of a profile file, and
+    how to name it in messages; ValueError in one line."""
     if profile in BUILTIN_PROFILES:
         where = f"built-in profile {profile!r}"
         text = (resources.files("twin") / "profiles" / BUILTIN_PROFILES[profile]).read_text()
@@ -115,9 +125,16 @@ def load_timing(profile: str, *, noise: float = 0.0, seed: int = 0) -> TimingMod
             )
         text = path.read_text()
     try:
-        timing = timing_from_profile(json.loads(text))
+        return json.loads(text), where
     except json.JSONDecodeError as error:
         raise ValueError(f"{where} is not valid JSON: {error}") from None
+
+
+def load_timing(profile: str, *, noise: float = 0.0, seed: int = 0) -> TimingModel:
+    """A built-in profile by name ("paper") or a profile JSON file; ValueError in one line."""
+    data, where = read_profile(profile)
+    try:
+        timing = timing_from_profile(data)
     except ValueError as error:
         raise ValueError(f"{where}: {error}") from None
     if noise == 0.0:

@@ -43,10 +43,11 @@ from typing import Any
 
 import httpx
 
+from backend.cli.conductor_cmd import cost_model
 from backend.cli.up_cmd import _KVCENTRIC, Child, _free_port, _get, _stop, _wait_for
-from backend.policy import CostModel
+from twin.timing import profile_path
 
-TINY_PROFILE = Path(__file__).resolve().parents[2] / "docs" / "profiles" / "tiny-cpu.json"
+TINY_PROFILE = "tiny-cpu"  # the twin's built-in measured profile of the tiny agents
 ENDPOINTS = {"completions": "/v1/completions", "native": "/v1/native/requests"}
 HEALTH_PATH = "/healthz"
 SLO_FRACTION = 0.1  # the TTFT SLO as a share of the idle prefill time the cost model predicts
@@ -331,7 +332,7 @@ def run_admission_bench(
     max_tokens: int = 16,
     warmup_s: float = 1.0,
     log_level: str = "info",
-    profile: Path | None = TINY_PROFILE,
+    profile: str | None = TINY_PROFILE,
     keep_dir: Path | None = None,
     on_status: Callable[[str], None] = lambda line: None,
 ) -> dict[str, Any]:
@@ -341,13 +342,7 @@ def run_admission_bench(
     """
     if endpoint not in ENDPOINTS:
         raise ValueError(f"endpoint must be one of {', '.join(ENDPOINTS)}, got {endpoint!r}")
-    if profile is not None and not profile.is_file():
-        profile = None
-    cost = (
-        CostModel.from_profile(json.loads(profile.read_text()))
-        if profile is not None
-        else CostModel.reference_70b()
-    )
+    cost = cost_model(profile)
     bodies = request_bodies(endpoint, prompt_tokens, max_tokens)
     num_tokens = num_prompt_tokens(bodies[0])
     idle_prefill_s = cost.prefill_time_s(num_tokens, 0)
@@ -401,7 +396,7 @@ def run_admission_bench(
                     "--conductor", f"127.0.0.1:{grpc_port}",
                 ]  # fmt: skip
                 if profile is not None:
-                    agent_args += ["--profile", str(profile)]
+                    agent_args += ["--profile", str(profile_path(profile))]
                 log = logs / f"agent-{role}-{index}.log"
                 children.append(
                     Child(f"agent {role}-{index}", agent_args, env, log, stdout_pipe=False)

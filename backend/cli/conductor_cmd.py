@@ -17,6 +17,7 @@ from sqlalchemy import Engine
 from backend.settings import ConductorSettings, SettingsError, load_settings
 
 if TYPE_CHECKING:  # imported when started, so `--help` stays fast
+    from backend.policy import CostModel
     from backend.runtime import ConductorRuntime
 
 _EXIT_BAD_INPUT = 2
@@ -38,21 +39,30 @@ class Conductor:
         self.engine.dispose()
 
 
-def start_conductor(settings: ConductorSettings, *, profile: Path | None = None) -> Conductor:
-    """Migrate, start the runtime on the wall clock and build the app with its database."""
-    import json
+def cost_model(profile: str | None) -> "CostModel":
+    """The policy's cost model from a profile (built-in name or file; None: the paper's
+    LLaMA2-70B on 8xA800); ValueError in one line."""
+    from backend.policy import CostModel
+    from twin.timing import read_profile
 
+    if profile is None:
+        return CostModel.reference_70b()
+    data, where = read_profile(profile)
+    try:
+        return CostModel.from_profile(data)
+    except (KeyError, TypeError, ValueError) as error:
+        raise ValueError(f"{where} has no usable cost model: {error}") from None
+
+
+def start_conductor(settings: ConductorSettings, *, profile: str | None = None) -> Conductor:
+    """Migrate, start the runtime on the wall clock and build the app with its database;
+    `profile`: the cost model's profile (see `--profile`)."""
     from backend.api.app import create_app
     from backend.api.routes.admin import attach_database
     from backend.db.session import create_db_engine, create_session_factory, run_migrations
-    from backend.policy import CostModel
     from backend.runtime import ConductorRuntime
 
-    cost = (
-        CostModel.from_profile(json.loads(profile.read_text()))
-        if profile is not None
-        else CostModel.reference_70b()
-    )
+    cost = cost_model(profile)
     run_migrations(settings.database_url)
     engine = create_db_engine(settings.database_url)
     sessions = create_session_factory(engine)
@@ -81,7 +91,12 @@ def conductor_command(
     dev: bool | None = typer.Option(
         None, "--dev", help="Development: generate missing secrets and print them once."
     ),
-    profile: Path | None = typer.Option(None, "--profile", help="Cost-model profile JSON."),
+    profile: str | None = typer.Option(
+        None,
+        "--profile",
+        help="The cost model: a built-in profile (tiny-cpu, paper) or a profile JSON file "
+        "from `kvcentric profile`. Default: LLaMA2-70B on 8xA800 (the paper's).",
+    ),
 ) -> None:
     """Serve the Conductor: REST API for clients, gRPC for agents; Ctrl-C stops it."""
     flags = {
@@ -98,9 +113,11 @@ def conductor_command(
         for line in error.problems:
             typer.echo(f"error: {line}", err=True)
         raise typer.Exit(_EXIT_BAD_INPUT) from None
-    if profile is not None and not profile.is_file():
-        typer.echo(f"error: --profile: no file {profile}", err=True)
-        raise typer.Exit(_EXIT_BAD_INPUT)
+    try:
+        cost_model(profile)  # a bad profile is one line and exit 2, before anything starts
+    except ValueError as error:
+        typer.echo(f"error: --profile: {error}", err=True)
+        raise typer.Exit(_EXIT_BAD_INPUT) from None
     logging.basicConfig(level=settings.log_level.upper(), stream=sys.stderr)
     import uvicorn
 

@@ -18,10 +18,11 @@ from console.settings import (
     ENV_BACKEND,
     ConsoleSettings,
 )
+from twin.timing import BUILTIN_PROFILES
 
 APP_PATH = Path(__file__).resolve().parents[2] / "console" / "app.py"
 DEFAULT_PORT = 8501
-_BUILTIN_PROFILES = ("paper",)
+_BUILTIN_PROFILES = tuple(BUILTIN_PROFILES)
 _EXIT_BAD_INPUT = 2
 
 
@@ -59,7 +60,8 @@ def console_command(
     twin_profile: str = typer.Option(
         str(DEFAULT_TWIN_PROFILE),
         "--twin-profile",
-        help="The what-if twin's timing profile: a profile JSON (kvcentric profile) or 'paper'.",
+        help="The what-if twin's timing profile: a built-in (tiny-cpu, paper) or a profile "
+        "JSON from `kvcentric profile`.",
     ),
     refresh_s: float = typer.Option(
         DEFAULT_REFRESH_S, "--refresh-s", min=0.5, help="Live pages refresh every this often."

@@ -111,6 +111,26 @@ def _wait_for(what: str, ready, children: list[Child], timeout_s: float = _START
         time.sleep(0.2)
 
 
+DEMO_PROFILE = "tiny-cpu"  # the twin's built-in profile of the tiny agents: the cost model
+
+
+def demo_slos(trace: Path, length_scale: float, headroom: float) -> tuple[float, float]:
+    """(TTFT SLO s, TBT SLO s) for the demo: DESIGN.md's rule on the tiny-cpu profile for the
+    trace's mean lengths after scaling, times `headroom`."""
+    import dataclasses
+
+    from backend.traces.loader import load_trace
+    from twin.slo import derive_slos
+    from twin.timing import load_timing
+
+    rows = [
+        dataclasses.replace(row, input_length=max(1, round(row.input_length * length_scale)))
+        for row in load_trace(trace)
+    ]
+    ttft_slo_s, tbt_slo_s = derive_slos(load_timing(DEMO_PROFILE), rows)
+    return ttft_slo_s * headroom, tbt_slo_s * headroom
+
+
 def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
@@ -132,12 +152,21 @@ def up_command(
     no_replay: bool = typer.Option(False, "--no-replay", help="Skip the trace replay."),
     console_port: int = typer.Option(8501, "--console-port", help="The operator console's port."),
     no_console: bool = typer.Option(False, "--no-console", help="Do not start the console."),
+    slo_headroom: float = typer.Option(
+        4.0,
+        "--slo-headroom",
+        min=1.0,
+        help="SLOs are DESIGN.md's 10x TTFT / 5x TBT of a lone request on the tiny-cpu "
+        "profile (an idle machine), times this: here the agents share the cores with each "
+        "other, the Conductor, the console and the replay.",
+    ),
 ) -> None:
     """Start the Conductor, agents and a trace replay on this machine; Ctrl-C stops all."""
     from backend.settings import ConductorSettings
     from backend.traces import SHIPPED_TRACE
 
     block_size = str(ConductorSettings.model_fields["block_size"].default)
+    ttft_slo_s, tbt_slo_s = demo_slos(SHIPPED_TRACE, length_scale, slo_headroom)
 
     signal.signal(signal.SIGINT, _raise_interrupt)  # even if the shell started us ignoring it
     signal.signal(signal.SIGTERM, _raise_interrupt)
@@ -154,6 +183,10 @@ def up_command(
         "KVC_DATA_DIR": str(data_dir),
         "KVC_API_KEY": api_key,
         "KVC_BLOCK_SIZE": block_size,  # the agents' must match the Conductor's
+        # For the Conductor's first start; a restart on the same data dir keeps its saved
+        # configuration (change it in the console or with PUT /v1/config).
+        "KVC_TTFT_SLO_S": f"{ttft_slo_s:.4f}",
+        "KVC_TBT_SLO_S": f"{tbt_slo_s:.4f}",
     }
     base_url = f"http://{host}:{port}"
     console_url = f"http://127.0.0.1:{console_port}"
@@ -165,7 +198,8 @@ def up_command(
             conductor = Child(
                 "conductor",
                 [_KVCENTRIC, "conductor", "--host", host, "--port", str(port),
-                 "--grpc-host", "127.0.0.1", "--grpc-port", str(gport)],
+                 "--grpc-host", "127.0.0.1", "--grpc-port", str(gport),
+                 "--profile", DEMO_PROFILE],
                 env, logs / "conductor.log", stdout_pipe=False,
             )  # fmt: skip
             children.append(conductor)
@@ -228,6 +262,8 @@ def up_command(
             f"  REST API: {base_url}/v1   docs: {base_url}/docs   metrics: {base_url}/metrics\n"
             + ("" if no_console else f"  console: {console_url}\n")
             + f"  agents join at 127.0.0.1:{gport}\n"
+            f"  cost model: {DEMO_PROFILE} profile; SLOs on first start: TTFT "
+            f"{ttft_slo_s * 1000:.0f} ms, TBT {tbt_slo_s * 1000:.1f} ms\n"
             f"  secrets (random, shown only now):\n"
             f"    KVC_API_KEY={api_key}\n"
             f"    KVC_ADMIN_TOKEN={admin_token}\n"

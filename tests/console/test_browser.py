@@ -164,7 +164,8 @@ def _wait(driver, condition, what: str, timeout_s: float = PAGE_TIMEOUT_S):
     try:
         return WebDriverWait(driver, timeout_s, poll_frequency=0.2).until(condition)
     except TimeoutException:
-        raise AssertionError(f"timed out waiting for {what}") from None
+        shown = [e.text for e in driver.find_elements(By.CSS_SELECTOR, f"{ERROR}, {EXCEPTION}")]
+        raise AssertionError(f"timed out waiting for {what}; the page shows {shown}") from None
 
 
 def _count(driver, selector: str) -> int:
@@ -230,9 +231,11 @@ def test_whatif_on_a_10_minute_trace_and_apply_with_the_admin_token(
     window.write_bytes(to_jsonl(load_trace(SHIPPED_TRACE, minutes=(0, 10))))
     before = backend.get("/v1/config")
     _open(browser, console_url, "whatif")
-    (uploaded,) = [
-        r for r in browser.find_elements(By.TAG_NAME, "label") if r.text == "Uploaded trace"
-    ]
+    (uploaded,) = _wait(
+        browser,
+        lambda d: [r for r in d.find_elements(By.TAG_NAME, "label") if r.text == "Uploaded trace"],
+        "the 'Uploaded trace' choice",
+    )
     uploaded.click()
     upload = _wait(
         browser, lambda d: d.find_elements(By.CSS_SELECTOR, 'input[type="file"]'), "upload"
