@@ -467,7 +467,7 @@ def run_admission_bench(
             "max_tokens": max_tokens,
             "log_level": log_level,
             "database": "sqlite",
-            "cost_model": profile.name if profile is not None else "reference_70b",
+            "cost_model": profile if profile is not None else "reference_70b",
         },
         slo={"ttft_slo_s": ttft_slo_s, "idle_prefill_s": idle_prefill_s},
         machine=machine,
