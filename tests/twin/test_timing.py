@@ -226,7 +226,8 @@ def test_load_errors_are_one_line(tmp_path: Path, content: str, message: str) ->
 
 
 def test_load_errors_for_missing_files_and_bad_roofline_fields(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match=r"neither a built-in \(paper, tiny-cpu\) nor a file") as error:
+    missing = r"neither a built-in \(paper, tiny-cpu\) nor a file"
+    with pytest.raises(ValueError, match=missing) as error:
         load_timing(str(tmp_path / "absent.json"))
     assert "\n" not in str(error.value)
     paper = json.loads(json.dumps(_paper_profile()))
