@@ -205,8 +205,9 @@ def ended_badly(stream: RequestStream) -> JSONResponse | None:
         f"request {stream.request_id} failed: {outcome.reason}",
         error_type="server_error",
         code="request_failed",
+        request_id=stream.request_id,
     )
-    return JSONResponse(body.model_dump(), status_code=503)
+    return JSONResponse(body.model_dump(exclude_none=True), status_code=503)
 
 
 def stream_error_event(stream: RequestStream) -> bytes:
@@ -223,6 +224,11 @@ SUBMIT_ERRORS: dict[int | str, dict[str, object]] = {
     404: {"model": ErrorBody, "description": "Unknown model or request"},
     422: {"model": ErrorBody, "description": "Malformed body"},
     429: {"model": RejectionBody, "description": "Rejected early (overload); see Retry-After"},
+    503: {
+        "model": ErrorBody,
+        "description": "The request failed (e.g. its agent was lost; its id is in the body), "
+        "or the request log cannot take it now",
+    },
 }
 
 

@@ -346,8 +346,12 @@ def error_body(
     error_type: str = "invalid_request_error",
     code: str | None = None,
     param: str | None = None,
+    request_id: str | None = None,
 ) -> ErrorBody:
-    return ErrorBody(error=ErrorDetail(message=message, type=error_type, code=code, param=param))
+    detail = ErrorDetail(
+        message=message, type=error_type, code=code, param=param, request_id=request_id
+    )
+    return ErrorBody(error=detail)
 
 
 # The longest wait a rejection tells a client. The policy's hint grows with the overload it

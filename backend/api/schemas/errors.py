@@ -2,7 +2,7 @@
 
 from typing import Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 
 class ErrorDetail(BaseModel):
@@ -10,6 +10,9 @@ class ErrorDetail(BaseModel):
     type: str
     code: str | None = None
     param: str | None = None
+    # Set when the error is about a request the Conductor took (GET /v1/requests/{id});
+    # left out of the body otherwise.
+    request_id: str | None = Field(default=None, exclude_if=lambda value: value is None)
 
 
 class ErrorBody(BaseModel):
