@@ -3,17 +3,14 @@ clock) and real agents (2 prefill + 1 decode, tiny preset): the window report, t
 hot spots, agent rows and load samples in the database, and switching an agent's role."""
 
 import socket
-import threading
 import time
 
 import httpx
 import pytest
-import uvicorn
 
-from backend.cli.conductor_cmd import start_conductor
 from backend.db import cluster_log, config_store, request_log
-from tests.harness.agents import AgentProcess, stop_agents, wait_all
-from tests.runtime.conftest import SECRET, make_settings
+from tests.harness.stack import conductor_stack
+from tests.runtime.conftest import make_settings
 
 KEY = {"Authorization": "Bearer api-key-0123456789"}
 ADMIN = {"Authorization": "Bearer admin-token-0123456789"}
@@ -34,32 +31,11 @@ def served(tmp_path_factory):
         ttft_slo_s=30.0,
         tbt_slo_s=5.0,
     )
-    conductor = start_conductor(settings)
-    runtime = conductor.runtime
-    agents: list[AgentProcess] = []
-    server: uvicorn.Server | None = None
-    try:  # a failed setup must not leave agent processes behind
-        agents = wait_all(
-            [
-                AgentProcess(role, SECRET, "--conductor", runtime.address)
-                for role in ("prefill", "prefill", "decode")
-            ]
-        )
-        deadline = time.monotonic() + 30
-        while len(runtime.agents()) < 3 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert len(runtime.agents()) == 3
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        server = uvicorn.Server(uvicorn.Config(conductor.app, log_level="warning", lifespan="off"))
-        thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-        thread.start()
-        while not server.started:
-            time.sleep(0.01)
-        url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    with conductor_stack(settings, ["prefill", "prefill", "decode"]) as stack:
+        url = stack.url
         start_s = time.time()
-        # Traffic: six prompts sharing a prefix (all but the first reuse it), two refused at
-        # admission by an unreachable per-request TTFT SLO.
+        # Traffic: six prompts sharing a prefix (all but the first reuse it), two refused
+        # at admission by an unreachable per-request TTFT SLO.
         for i in range(6):
             reply = httpx.post(
                 f"{url}/v1/native/requests",
@@ -77,13 +53,7 @@ def served(tmp_path_factory):
             )
             assert reply.status_code == 429, reply.text
         time.sleep(0.6)  # a few load samples after the traffic
-        yield url, conductor, agents, start_s
-    finally:
-        if server is not None:
-            server.should_exit = True
-            thread.join(10)
-        stop_agents(agents)
-        conductor.stop()
+        yield url, stack.conductor, stack.agents, start_s
 
 
 def test_the_report_counts_what_was_served(served):

@@ -3,21 +3,15 @@ preset), served by uvicorn on a loopback port and called through the official op
 and httpx."""
 
 import random
-import socket
-import threading
-import time
 from collections import Counter
 from concurrent import futures
 
 import httpx
 import openai
 import pytest
-import uvicorn
 
-from backend.api.app import create_app
-from backend.runtime import ConductorRuntime
-from tests.harness.agents import AgentProcess, stop_agents, wait_all
-from tests.runtime.conftest import COST, SECRET, make_settings
+from tests.harness.stack import runtime_stack
+from tests.runtime.conftest import COST, make_settings
 
 API_KEY = "api-key-0123456789"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
@@ -25,32 +19,8 @@ AUTH = {"Authorization": f"Bearer {API_KEY}"}
 
 @pytest.fixture(scope="module")
 def served():
-    settings = make_settings()
-    runtime = ConductorRuntime(settings, COST, grpc_address="127.0.0.1:0").start()
-    agents = wait_all(
-        [
-            AgentProcess(role, SECRET, "--conductor", runtime.address)
-            for role in ("prefill", "prefill", "decode")
-        ]
-    )
-    deadline = time.monotonic() + 30
-    while len(runtime.agents()) < 3 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert len(runtime.agents()) == 3
-    app = create_app(settings, runtime=runtime)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.01)
-    yield f"http://127.0.0.1:{port}", app
-    server.should_exit = True
-    thread.join(10)
-    stop_agents(agents)
-    runtime.stop()
+    with runtime_stack(make_settings(), ["prefill", "prefill", "decode"], COST) as stack:
+        yield stack.url, stack.app
 
 
 def test_a_streamed_completion_through_the_openai_client(served):

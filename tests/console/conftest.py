@@ -4,7 +4,6 @@ decode `tiny` agent, and some traffic already recorded: completed requests shari
 (cache hits) and requests rejected at admission."""
 
 import socket
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,13 +11,13 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from streamlit.testing.v1 import AppTest
 
-from backend.cli.conductor_cmd import Conductor, start_conductor
+from backend.cli.conductor_cmd import Conductor
 from console.client import BackendClient
-from tests.harness.agents import AgentProcess, stop_agents, wait_all
-from tests.runtime.conftest import SECRET, make_settings
+from tests.harness.agents import AgentProcess
+from tests.harness.stack import conductor_stack
+from tests.runtime.conftest import make_settings
 
 API_KEY = "api-key-0123456789"
 ADMIN_TOKEN = "admin-token-0123456789"
@@ -88,35 +87,10 @@ def backend(tmp_path_factory) -> Backend:
         grpc_port=free_port(),
         load_sample_interval_s=0.5,
     )
-    conductor = start_conductor(settings)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    server = uvicorn.Server(uvicorn.Config(conductor.app, log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    agents: list[AgentProcess] = []
-    try:
-        while not server.started:
-            time.sleep(0.01)
-        agents = wait_all(
-            [
-                AgentProcess(role, SECRET, "--conductor", conductor.runtime.address)
-                for role in ("prefill", "decode")
-            ]
-        )
-        deadline = time.monotonic() + 30
-        while len(conductor.runtime.agents()) < len(agents) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert len(conductor.runtime.agents()) == len(agents)
-        _record_traffic(url)
+    with conductor_stack(settings, ["prefill", "decode"]) as stack:
+        _record_traffic(stack.url)
         time.sleep(1.5)  # a few load samples after the traffic
-        yield Backend(url=url, conductor=conductor, agents=agents)
-    finally:
-        server.should_exit = True
-        thread.join(10)
-        stop_agents(agents)
-        conductor.stop()
+        yield Backend(url=stack.url, conductor=stack.conductor, agents=stack.agents)
 
 
 @pytest.fixture

@@ -4,23 +4,18 @@ uvicorn on a loopback port, as in tests/api/test_routes_e2e.py."""
 import asyncio
 import json
 import socket
-import threading
-import time
 from itertools import islice
 
 import httpx
 import pytest
-import uvicorn
 from typer.testing import CliRunner
 
-from backend.api.app import create_app
 from backend.cli import app as cli_app
 from backend.loadgen.client import send_request
 from backend.loadgen.plan import PlannedRequest
-from backend.runtime import ConductorRuntime
 from backend.traces import SHIPPED_TRACE
-from tests.harness.agents import AgentProcess, stop_agents, wait_all
-from tests.runtime.conftest import COST, SECRET, make_settings
+from tests.harness.stack import runtime_stack
+from tests.runtime.conftest import COST, make_settings
 
 API_KEY = "api-key-0123456789"
 NUM_ROWS = 20
@@ -29,32 +24,8 @@ TERMINAL = {"completed", "rejected", "failed", "http_error"}
 
 @pytest.fixture(scope="module")
 def url():
-    settings = make_settings()
-    runtime = ConductorRuntime(settings, COST, grpc_address="127.0.0.1:0").start()
-    agents = wait_all(
-        [
-            AgentProcess(role, SECRET, "--conductor", runtime.address)
-            for role in ("prefill", "prefill", "decode")
-        ]
-    )
-    deadline = time.monotonic() + 30
-    while len(runtime.agents()) < 3 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert len(runtime.agents()) == 3
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    app = create_app(settings, runtime=runtime)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.01)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(10)
-    stop_agents(agents)
-    runtime.stop()
+    with runtime_stack(make_settings(), ["prefill", "prefill", "decode"], COST) as stack:
+        yield stack.url
 
 
 @pytest.fixture

@@ -11,16 +11,13 @@ import socket
 import threading
 import time
 
-import uvicorn
-
-from backend.cli.conductor_cmd import start_conductor
 from backend.db import request_log
 from backend.loadgen.plan import ReplayConfig, plan_requests
 from backend.loadgen.replay import replay
 from backend.traces import SHIPPED_TRACE
 from backend.traces.loader import load_trace
-from tests.harness.agents import AgentProcess, stop_agents, wait_all
-from tests.runtime.conftest import SECRET, make_settings
+from tests.harness.stack import conductor_stack
+from tests.runtime.conftest import make_settings
 
 API_KEY = "api-key-0123456789"
 KILL_AFTER_S = 3.0
@@ -39,30 +36,8 @@ def test_sigkill_of_an_agent_mid_replay_ends_every_request_once(tmp_path) -> Non
         heartbeat_timeout_s=2.0,
         rejection_policy="none",  # every refusal here is the kill's doing, not admission's
     )
-    conductor = start_conductor(settings, profile="tiny-cpu")
-    runtime = conductor.runtime
-    agents: list[AgentProcess] = []
-    server: uvicorn.Server | None = None
-    try:
-        agents = wait_all(
-            [
-                AgentProcess(role, SECRET, "--conductor", runtime.address)
-                for role in ("prefill", "prefill", "decode")
-            ]
-        )
-        deadline = time.monotonic() + 30
-        while len(runtime.agents()) < 3 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert len(runtime.agents()) == 3
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        config = uvicorn.Config(conductor.app, log_level="warning", lifespan="off")
-        server = uvicorn.Server(config)
-        thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-        thread.start()
-        while not server.started:
-            time.sleep(0.01)
-        url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    with conductor_stack(settings, ["prefill", "prefill", "decode"], profile="tiny-cpu") as stack:
+        runtime, url, agents = stack.runtime, stack.url, stack.agents
         rows = load_trace(SHIPPED_TRACE, minutes=(0, 1.0))
         planned = plan_requests(rows, ReplayConfig(speed=6.0, length_scale=0.02))
 
@@ -91,7 +66,7 @@ def test_sigkill_of_an_agent_mid_replay_ends_every_request_once(tmp_path) -> Non
         assert victim.instance_id not in runtime.agents()
         # Every request the Conductor took has exactly one recorded terminal state.
         assert runtime.flush_records()
-        with conductor.app.state.sessions() as session:
+        with stack.app.state.sessions() as session:
             recorded = request_log.list_requests(
                 session=session, start_s=started_s - 1, end_s=time.time() + 1
             )
@@ -99,9 +74,3 @@ def test_sigkill_of_an_agent_mid_replay_ends_every_request_once(tmp_path) -> Non
         assert all(r.outcome is not None for r in recorded)
         by_id = {r.request_id: r.outcome.state for r in recorded}
         assert {r.id: r.status for r in results} == by_id
-    finally:
-        if server is not None:
-            server.should_exit = True
-            thread.join(10)
-        stop_agents(agents)
-        conductor.stop()
