@@ -92,13 +92,13 @@ def list_load_samples(
 ) -> list[LoadSample]:
     """Samples taken in [start_s, end_s), by time then instance, optionally of one instance."""
     query = (
-        select(LoadSampleRow)
+        select(*LoadSampleRow.__table__.columns)
         .where(LoadSampleRow.time_s >= start_s, LoadSampleRow.time_s < end_s)
         .order_by(LoadSampleRow.time_s, LoadSampleRow.instance_id, LoadSampleRow.id)
     )
     if instance_id is not None:
         query = query.where(LoadSampleRow.instance_id == instance_id)
-    return [convert.load_sample(row) for row in session.scalars(query)]
+    return [convert.load_sample(row) for row in session.execute(query)]  # type: ignore[arg-type]
 
 
 def _agent(session: Session, instance_id: str) -> AgentRow:

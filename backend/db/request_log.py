@@ -88,12 +88,14 @@ def list_requests(
 ) -> list[RequestRecord]:
     """Requests that arrived in [start_s, end_s), in arrival order."""
     query = (
-        select(RequestRow)
+        select(*RequestRow.__table__.columns)
         .where(RequestRow.arrival_time_s >= start_s, RequestRow.arrival_time_s < end_s)
         .order_by(RequestRow.arrival_time_s, RequestRow.id)
         .limit(limit)
     )
-    return [convert.request_record(row) for row in session.scalars(query)]
+    # Plain rows, not ORM objects: a window may hold many thousand requests, and the records
+    # are read-only (convert reads the same attribute names from either).
+    return [convert.request_record(row) for row in session.execute(query)]  # type: ignore[arg-type]
 
 
 def list_decisions(*, session: Session, request_id: str) -> list[DecisionRecord]:
@@ -107,8 +109,8 @@ def list_decisions_between(
 ) -> list[DecisionRecord]:
     """Decisions made in [start_s, end_s), oldest first."""
     query = (
-        select(DecisionRow)
+        select(*DecisionRow.__table__.columns)
         .where(DecisionRow.decided_time_s >= start_s, DecisionRow.decided_time_s < end_s)
         .order_by(DecisionRow.decided_time_s, DecisionRow.id)
     )
-    return [convert.decision_record(row) for row in session.scalars(query)]
+    return [convert.decision_record(row) for row in session.execute(query)]  # type: ignore[arg-type]
