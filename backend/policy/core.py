@@ -337,9 +337,9 @@ class ConductorCore:
         effects: tuple[Effect, ...] = NO_EFFECTS
         other_role = self.decode if event.role == "prefill" else self.prefill
         if event.instance_id in other_role:  # a role switch: leave the old role first
-            effects = self.on_agent_left(
-                ev.AgentLeft(event.now_s, event.instance_id, "role switch")
-            )
+            # Its KV blocks stay in its shard, so they stay in the index.
+            left = ev.AgentLeft(event.now_s, event.instance_id, "role switch")
+            effects = self._take_out(left, keep_blocks=True)
         if event.role == "prefill":
             prefill = self.prefill.setdefault(event.instance_id, PrefillState(event.instance_id))
             prefill.draining = False
@@ -357,7 +357,11 @@ class ConductorCore:
 
     def on_agent_left(self, event: ev.AgentLeft) -> tuple[Effect, ...]:
         """Take the instance out; re-route requests it had not started, fail those it had."""
-        self.index.drop_instance(event.instance_id)
+        return self._take_out(event, keep_blocks=False)
+
+    def _take_out(self, event: ev.AgentLeft, *, keep_blocks: bool) -> tuple[Effect, ...]:
+        if not keep_blocks:
+            self.index.drop_instance(event.instance_id)
         prefill_state = self.prefill.pop(event.instance_id, None)
         decode_state = self.decode.pop(event.instance_id, None)
         failure = f"instance {event.instance_id} lost: {event.reason}"

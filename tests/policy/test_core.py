@@ -131,11 +131,14 @@ def test_losing_a_decode_instance_fails_decoding_and_moves_incoming() -> None:
 
 def test_role_switch_moves_an_instance_between_pools() -> None:
     core = make_core(CONFIG, linear_cost(), prefill=("A", "B"), decode=("D1",))
+    core.handle(KvStored(0.0, "A", (5, 6)))
     core.handle(RequestArrived(0.0, "r", (), 10, 1))
     effects = core.handle(AgentJoined(1.0, "A", "decode", kv_capacity_tokens=4096))
     assert set(core.prefill) == {"B"} and set(core.decode) == {"D1", "A"}
     assert core.decode["A"].kv_capacity_tokens == 4096
     assert all(isinstance(e, DispatchPrefill) and e.instance_id == "B" for e in effects)
+    # Its blocks are still in its shard: the index keeps them (a loss would forget them).
+    assert core.index.num_blocks("A") == 2
 
 
 def test_a_draining_instance_gets_no_new_work_but_keeps_what_it_has() -> None:
