@@ -24,6 +24,13 @@ WINDOW_KEY = "window"
 WINDOW_CHOICE_KEY = "window_choice"
 
 
+def refresh_interval_s(window_s: float, base_s: float) -> float:
+    """How often a page over `window_s` refreshes: every `base_s`, slower for long windows.
+    Their series windows are long (about 60 of them) and the backend reads the whole window
+    each time (about 0.75 s per hour of traffic), so a 24-hour view refreshes every 2.4 min."""
+    return max(base_s, window_s / 600.0)
+
+
 def window_picker() -> float:
     """The window the page reports on, in seconds; the same on every page."""
     names = list(WINDOWS_S)
