@@ -421,12 +421,14 @@ class ConductorRuntime:
         tbt_slo_s: float | None = None,
         sampling: Sampling = Sampling(),
         on_token: Callable[[int], None] | None = None,
+        keys: Sequence[int] | None = None,
     ) -> RequestStream:
-        """Admit and run one request; tokens stream on the returned RequestStream."""
+        """Admit and run one request; tokens stream on the returned RequestStream. `keys`:
+        the prompt's block keys when the caller has them already (else computed here)."""
         if max_tokens < 1 or not token_ids:
             raise ValueError("a request needs prompt tokens and max_tokens >= 1")
         now_s = self._clock()
-        keys = tuple(block_keys(token_ids, self.config.block_size))
+        keys = tuple(block_keys(token_ids, self.config.block_size) if keys is None else keys)
         arrival = ev.RequestArrived(
             now_s, request_id, keys, len(token_ids), max_tokens, ttft_slo_s, tbt_slo_s
         )

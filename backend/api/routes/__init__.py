@@ -37,6 +37,10 @@ def include_routes(
     """Mount the serving routes on an app made by `create_app` (which set its metrics)."""
     settings = app.state.settings
     limits = limits or default_limits(settings)
+    if limits.block_size != runtime.config.block_size:  # the API hands the runtime its keys
+        raise ValueError(
+            f"the API's block size {limits.block_size} != the runtime's {runtime.config.block_size}"
+        )
     app.state.served = Served(
         runtime=runtime,
         limits=limits,

@@ -4,7 +4,7 @@ With `stream: true` the answer is server-sent events in OpenAI's format, ending 
 `data: [DONE]`; otherwise one JSON body once the request has ended.
 """
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from backend.api.auth import ApiKey
 from backend.api.routes.serving import (
     SUBMIT_ERRORS,
+    Served,
     ServedDep,
     collect,
     ended_badly,
@@ -44,6 +45,7 @@ from backend.api.schemas.convert import (
     usage,
 )
 from backend.api.stops import StopText
+from backend.runtime import RequestStream
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 
@@ -73,19 +75,13 @@ async def create_completion(body: CompletionRequest, principal: ApiKey, served: 
 
         async def events() -> AsyncIterator[bytes]:
             stop = StopText(prepared.stop)
-            async for token in relay(served, stream):
-                text = stop.feed(served.tokenizer.token_text(token))
-                if text:
-                    yield sse_event(completion_chunk(**ids, text=text))
-                if stop.stopped:
-                    break  # the relay's thread still records the outcome
+            async for text in _text_deltas(served, stream, stop):
+                yield sse_event(completion_chunk(**ids, text=text))
             if not stop.stopped and ended_badly(stream) is not None:
                 yield stream_error_event(stream)
             else:
                 num_tokens = len(stream.tokens)
-                if text := stop.flush():
-                    yield sse_event(completion_chunk(**ids, text=text))
-                reason = "stop" if stop.stopped else finish_reason(stream)
+                reason = _finish_reason(stop, stream)
                 yield sse_event(completion_chunk(**ids, text="", finish_reason=reason))
                 if prepared.include_usage:
                     used = usage(prepared.num_input_tokens, num_tokens)
@@ -105,13 +101,9 @@ async def create_completion(body: CompletionRequest, principal: ApiKey, served: 
     failure = ended_badly(stream)
     if failure is not None:
         return failure
-    stop = StopText(prepared.stop)
-    text = stop.cut(served.tokenizer.decode(tokens))
+    text, reason = _whole_text(served, stream, prepared.stop, tokens)
     return completion_response(
-        **ids,
-        text=text,
-        finish_reason="stop" if stop.stopped else finish_reason(stream),
-        usage=usage(prepared.num_input_tokens, len(tokens)),
+        **ids, text=text, finish_reason=reason, usage=usage(prepared.num_input_tokens, len(tokens))
     )
 
 
@@ -135,18 +127,12 @@ async def create_chat_completion(
             first: ChatCompletionChunk = chat_chunk(**ids, text="", is_first=True)
             yield sse_event(first)
             stop = StopText(prepared.stop)
-            async for token in relay(served, stream):
-                if text := stop.feed(served.tokenizer.token_text(token)):
-                    yield sse_event(chat_chunk(**ids, text=text))
-                if stop.stopped:
-                    break  # the relay's thread still records the outcome
+            async for text in _text_deltas(served, stream, stop):
+                yield sse_event(chat_chunk(**ids, text=text))
             if not stop.stopped and ended_badly(stream) is not None:
                 yield stream_error_event(stream)
             else:
-                if text := stop.flush():
-                    yield sse_event(chat_chunk(**ids, text=text))
-                reason = "stop" if stop.stopped else finish_reason(stream)
-                yield sse_event(chat_chunk(**ids, finish_reason=reason))
+                yield sse_event(chat_chunk(**ids, finish_reason=_finish_reason(stop, stream)))
                 if prepared.include_usage:
                     used = usage(prepared.num_input_tokens, len(stream.tokens))
                     yield sse_event(chat_usage_chunk(**ids, usage=used))
@@ -157,11 +143,32 @@ async def create_chat_completion(
     failure = ended_badly(stream)
     if failure is not None:
         return failure
-    stop = StopText(prepared.stop)
-    text = stop.cut(served.tokenizer.decode(tokens))
+    text, reason = _whole_text(served, stream, prepared.stop, tokens)
     return chat_response(
-        **ids,
-        text=text,
-        finish_reason="stop" if stop.stopped else finish_reason(stream),
-        usage=usage(prepared.num_input_tokens, len(tokens)),
+        **ids, text=text, finish_reason=reason, usage=usage(prepared.num_input_tokens, len(tokens))
     )
+
+
+async def _text_deltas(served: Served, stream: RequestStream, stop: StopText) -> AsyncIterator[str]:
+    """The streamed text, token by token, cut at the first stop sequence; the tail `stop`
+    held back comes last when the request completed."""
+    async for token in relay(served, stream):
+        if text := stop.feed(served.tokenizer.token_text(token)):
+            yield text
+        if stop.stopped:
+            return  # the relay's thread still records the outcome
+    completed = stream.outcome is not None and stream.outcome.state == "completed"
+    if completed and (text := stop.flush()):
+        yield text
+
+
+def _whole_text(
+    served: Served, stream: RequestStream, stops: Sequence[str], tokens: list[int]
+) -> tuple[str, str]:
+    """A finished request's text cut at the first stop sequence, and its finish reason."""
+    stop = StopText(stops)
+    return stop.cut(served.tokenizer.decode(tokens)), _finish_reason(stop, stream)
+
+
+def _finish_reason(stop: StopText, stream: RequestStream) -> str:
+    return "stop" if stop.stopped else finish_reason(stream)

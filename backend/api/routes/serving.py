@@ -128,6 +128,7 @@ async def submit(
             ttft_slo_s=prepared.ttft_slo_s,
             tbt_slo_s=prepared.tbt_slo_s,
             sampling=sampling,
+            keys=prepared.block_keys,  # computed with the API's block size, the runtime's
         )
     except RequestLogUnavailable as error:
         raise HTTPException(
