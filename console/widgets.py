@@ -1,7 +1,7 @@
 """Pieces several pages share: the time-window picker, a row of report metrics, a chart and
 a dataframe of plain rows."""
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import pandas as pd
@@ -9,6 +9,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from console import format as fmt
+from console.connection import settings
 
 WINDOWS_S: dict[str, float] = {
     "last 1 min": 60.0,
@@ -29,6 +30,18 @@ def refresh_interval_s(window_s: float, base_s: float) -> float:
     Their series windows are long (about 60 of them) and the backend reads the whole window
     each time (about 0.75 s per hour of traffic), so a 24-hour view refreshes every 2.4 min."""
     return max(base_s, window_s / 600.0)
+
+
+def refreshed_window_panel(panel: Callable[[float], None], *, key: str) -> None:
+    """The time-window picker and a refresh toggle, then `panel(window_s)` in a fragment that
+    redraws in place at the window's refresh interval while the toggle is on."""
+    controls = st.columns([2, 2, 4])
+    with controls[0]:
+        window_s = window_picker()
+    with controls[1]:
+        refresh_s = refresh_interval_s(window_s, settings().refresh_s)
+        is_live = st.toggle(f"Refresh every {refresh_s:g} s", value=True, key=key)
+    st.fragment(panel, run_every=refresh_s if is_live else None)(window_s)
 
 
 def window_picker() -> float:

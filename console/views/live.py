@@ -8,8 +8,8 @@ import streamlit as st
 
 from console import charts
 from console import format as fmt
-from console.connection import BackendError, client, settings, show_error
-from console.widgets import chart, metric_row, refresh_interval_s, table, window_picker
+from console.connection import BackendError, client, show_error
+from console.widgets import chart, metric_row, refreshed_window_panel, table
 
 HELP = {
     "goodput_rps": "Requests per second completed within both the TTFT and the TBT SLO.",
@@ -93,10 +93,4 @@ def live_panel(window_s: float) -> None:
 
 
 st.title("Live")
-controls = st.columns([2, 2, 4])
-with controls[0]:
-    window_s = window_picker()
-with controls[1]:
-    refresh_s = refresh_interval_s(window_s, settings().refresh_s)
-    is_live = st.toggle(f"Refresh every {refresh_s:g} s", value=True, key="live_refresh")
-st.fragment(live_panel, run_every=refresh_s if is_live else None)(window_s)
+refreshed_window_panel(live_panel, key="live_refresh")
