@@ -1,10 +1,23 @@
 """Builders of the policy's events and effects the persistence functions take."""
 
+from backend.db.records import RequestOutcome
 from backend.policy.effects import CachePlan, DispatchPrefill, FetchSpan, InstanceEstimate
 from backend.policy.events import RequestArrived
 
 BLOCK_SIZE = 512
 BIG_KEY = 2**64 - 1  # xxh3_64 keys use all 64 bits: they must survive both databases
+# A completed request's outcome with every measurement set.
+COMPLETED = RequestOutcome(
+    state="completed",
+    finished_time_s=105.0,
+    ttft_s=1.25,
+    tbt_mean_s=0.05,
+    tbt_p99_s=0.09,
+    tbt_max_s=0.11,
+    num_generated_tokens=32,
+    num_reused_tokens=1024,
+    num_transferred_tokens=512,
+)
 
 
 def arrival(

@@ -15,19 +15,7 @@ from backend.db.request_log import (
     record_decision,
     record_outcome,
 )
-from tests.db.helpers import BIG_KEY, BLOCK_SIZE, arrival, dispatch
-
-COMPLETED = RequestOutcome(
-    state="completed",
-    finished_time_s=105.0,
-    ttft_s=1.25,
-    tbt_mean_s=0.05,
-    tbt_p99_s=0.09,
-    tbt_max_s=0.11,
-    num_generated_tokens=32,
-    num_reused_tokens=1024,
-    num_transferred_tokens=512,
-)
+from tests.db.helpers import BIG_KEY, BLOCK_SIZE, COMPLETED, arrival, dispatch
 
 
 def test_an_arrival_round_trips_with_its_block_keys_and_slos(session: Session) -> None:

@@ -13,19 +13,8 @@ from backend.db import request_log
 from backend.db.records import RequestOutcome
 from backend.db.session import create_session_factory
 from backend.db.writer import RecordNotAccepted, RequestLogWriter
-from tests.db.helpers import BIG_KEY, BLOCK_SIZE, arrival, dispatch
+from tests.db.helpers import BIG_KEY, BLOCK_SIZE, COMPLETED, arrival, dispatch
 
-COMPLETED = RequestOutcome(
-    state="completed",
-    finished_time_s=105.0,
-    ttft_s=1.25,
-    tbt_mean_s=0.05,
-    tbt_p99_s=0.09,
-    tbt_max_s=0.11,
-    num_generated_tokens=32,
-    num_reused_tokens=1024,
-    num_transferred_tokens=512,
-)
 REJECTED = RequestOutcome(
     state="rejected",
     finished_time_s=100.001,
