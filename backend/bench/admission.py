@@ -43,8 +43,16 @@ from typing import Any
 
 import httpx
 
+from backend.cli.children import (
+    KVCENTRIC,
+    SECRET_BYTES,
+    Child,
+    free_port,
+    get_json,
+    stop_stack,
+    wait_for,
+)
 from backend.cli.conductor_cmd import cost_model
-from backend.cli.up_cmd import _KVCENTRIC, Child, _free_port, _get, _stop, _wait_for
 from twin.timing import profile_path
 
 TINY_PROFILE = "tiny-cpu"  # the twin's built-in measured profile of the tiny agents
@@ -52,7 +60,6 @@ ENDPOINTS = {"completions": "/v1/completions", "native": "/v1/native/requests"}
 HEALTH_PATH = "/healthz"
 SLO_FRACTION = 0.1  # the TTFT SLO as a share of the idle prefill time the cost model predicts
 _NUM_BODIES = 64  # distinct prompts, cycled through
-_SECRET_BYTES = 32
 _REQUEST_TIMEOUT_S = 30.0
 # Words cut into tokens by the synthetic tokenizer (about 1.2 tokens a word).
 _TEXT = (
@@ -338,7 +345,7 @@ def run_admission_bench(
 ) -> dict[str, Any]:
     """Start the stack, overload it, measure; the JSON report (see the module doc).
 
-    Raises ChildFailed (from `backend.cli.up_cmd`) when the stack does not start.
+    Raises ChildFailed (from `backend.cli.children`) when the stack does not start.
     """
     if endpoint not in ENDPOINTS:
         raise ValueError(f"endpoint must be one of {', '.join(ENDPOINTS)}, got {endpoint!r}")
@@ -352,8 +359,8 @@ def run_admission_bench(
         data_dir = keep_dir or Path(scratch)
         logs = data_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
-        api_key = secrets.token_urlsafe(_SECRET_BYTES)
-        admin_token = secrets.token_urlsafe(_SECRET_BYTES)
+        api_key = secrets.token_urlsafe(SECRET_BYTES)
+        admin_token = secrets.token_urlsafe(SECRET_BYTES)
         from backend.settings import ConductorSettings
 
         block_size = str(ConductorSettings.model_fields["block_size"].default)
@@ -363,20 +370,20 @@ def run_admission_bench(
             {
                 "KVC_API_KEYS": f"bench:{api_key}",
                 "KVC_ADMIN_TOKEN": admin_token,
-                "KVC_AGENT_SECRET": secrets.token_urlsafe(_SECRET_BYTES),
+                "KVC_AGENT_SECRET": secrets.token_urlsafe(SECRET_BYTES),
                 "KVC_DATA_DIR": str(data_dir),
                 "KVC_DATABASE_URL": database_url,
                 "KVC_BLOCK_SIZE": block_size,
                 "KVC_LOG_LEVEL": log_level,
             }
         )
-        port, grpc_port = _free_port("127.0.0.1"), _free_port("127.0.0.1")
+        port, grpc_port = free_port("127.0.0.1"), free_port("127.0.0.1")
         base_url = f"http://127.0.0.1:{port}"
         children: list[Child] = []
         try:
             on_status(f"starting the conductor on {base_url} (SQLite under {data_dir})")
             conductor_args = [
-                _KVCENTRIC, "conductor", "--host", "127.0.0.1", "--port", str(port),
+                KVCENTRIC, "conductor", "--host", "127.0.0.1", "--port", str(port),
                 "--grpc-host", "127.0.0.1", "--grpc-port", str(grpc_port),
             ]  # fmt: skip
             if profile is not None:
@@ -385,12 +392,12 @@ def run_admission_bench(
                 "conductor", conductor_args, env, logs / "conductor.log", stdout_pipe=False
             )
             children.append(conductor)
-            _wait_for("the conductor's /healthz", lambda: _get(f"{base_url}/healthz"), children)
+            wait_for("the conductor's /healthz", lambda: get_json(f"{base_url}/healthz"), children)
             roles = ["prefill"] * num_prefill + ["decode"] * num_decode
             on_status(f"starting {num_prefill} prefill + {num_decode} decode tiny agents")
             for index, role in enumerate(roles):
                 agent_args = [
-                    _KVCENTRIC, "agent", "--role", role, "--listen", "127.0.0.1:0",
+                    KVCENTRIC, "agent", "--role", role, "--listen", "127.0.0.1:0",
                     "--data-listen", "127.0.0.1:0", "--preset", "tiny",
                     "--instance-id", f"{role}-{index}", "--block-size", block_size,
                     "--conductor", f"127.0.0.1:{grpc_port}",
@@ -403,10 +410,10 @@ def run_admission_bench(
                 )
 
             def joined() -> bool:
-                agents = _get(f"{base_url}/v1/agents", api_key)
+                agents = get_json(f"{base_url}/v1/agents", api_key)
                 return isinstance(agents, list) and len(agents) >= len(roles)
 
-            _wait_for(f"{len(roles)} agents to join", joined, children)
+            wait_for(f"{len(roles)} agents to join", joined, children)
             overload = _overload(base_url, admin_token, ttft_slo_s)
             on_status(
                 f"overload: TTFT SLO {ttft_slo_s * 1000:.2f} ms, a tenth of the "
@@ -449,7 +456,7 @@ def run_admission_bench(
             for child in children:
                 child.check_alive()
         finally:
-            _stop(None, children)
+            stop_stack(None, children)
         recorded = _recorded_outcomes(database_url)
     return _report(
         measured=measured,

@@ -182,7 +182,7 @@ def admission(
     clients; every one must be rejected early (429, stage admission). Reports rps and
     latency percentiles, and GET /healthz on the same client as the same-run baseline."""
     from backend.bench.admission import ENDPOINTS, run_admission_bench
-    from backend.cli.up_cmd import ChildFailed
+    from backend.cli.children import ChildFailed
 
     if endpoint not in ENDPOINTS:
         raise typer.BadParameter(f"choose one of {', '.join(ENDPOINTS)}", param_hint="--endpoint")

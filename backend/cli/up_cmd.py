@@ -9,107 +9,27 @@ keeps the stack running until Ctrl-C or SIGTERM, which stops every child (SIGTER
 wait).
 """
 
-import json
 import os
 import secrets
 import signal
-import socket
-import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from types import FrameType
-from typing import IO
 
 import typer
 
-_KVCENTRIC = str(Path(sys.executable).parent / "kvcentric")
-_SECRET_BYTES = 32
-_START_TIMEOUT_S = 120.0
-_STOP_TIMEOUT_S = 30.0
-
-
-class ChildFailed(Exception):
-    """A child exited (or never got ready) while the stack was starting."""
-
-
-class Child:
-    """One subprocess of the stack, its output in a log file."""
-
-    def __init__(
-        self, name: str, args: list[str], env: dict[str, str], log: Path, *, stdout_pipe: bool
-    ) -> None:
-        self.name = name
-        self.log = log
-        self._log_file: IO[str] = log.open("w")
-        self.process = subprocess.Popen(
-            args,
-            stdout=subprocess.PIPE if stdout_pipe else self._log_file,
-            stderr=self._log_file,
-            stdin=subprocess.DEVNULL,
-            env=env,
-            text=True,
-            # Its own session: Ctrl-C reaches `up` only, which stops the children in order.
-            start_new_session=True,
-        )
-
-    def check_alive(self) -> None:
-        code = self.process.poll()
-        if code is not None:
-            raise ChildFailed(f"{self.name} exited with code {code}; see its log {self.log}")
-
-    def terminate(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-
-    def wait(self) -> None:
-        try:
-            self.process.wait(_STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-        self._log_file.close()
-
-
-def _free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
-
-
-def _get(url: str, api_key: str | None = None) -> object | None:
-    """The JSON body of a 200 answer, else None (not answering yet)."""
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=2) as r:
-            return json.loads(r.read() or b"null") if r.status == 200 else None
-    except (OSError, urllib.error.URLError, ValueError):
-        return None
-
-
-def _answers(url: str) -> bool:
-    """Whether `url` answers 200 (any body)."""
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            return response.status == 200
-    except (OSError, urllib.error.URLError, ValueError):
-        return False
-
-
-def _wait_for(what: str, ready, children: list[Child], timeout_s: float = _START_TIMEOUT_S):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        for child in children:
-            child.check_alive()
-        value = ready()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise ChildFailed(f"timed out after {timeout_s:.0f} s waiting for {what}")
-        time.sleep(0.2)
-
+from backend.cli.children import (
+    KVCENTRIC,
+    SECRET_BYTES,
+    Child,
+    ChildFailed,
+    answers,
+    free_port,
+    get_json,
+    stop_stack,
+    wait_for,
+)
 
 DEMO_PROFILE = "tiny-cpu"  # the twin's built-in profile of the tiny agents: the cost model
 
@@ -172,9 +92,9 @@ def up_command(
     signal.signal(signal.SIGTERM, _raise_interrupt)
     logs = data_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    api_key = secrets.token_urlsafe(_SECRET_BYTES)
-    admin_token = secrets.token_urlsafe(_SECRET_BYTES)
-    agent_secret = secrets.token_urlsafe(_SECRET_BYTES)
+    api_key = secrets.token_urlsafe(SECRET_BYTES)
+    admin_token = secrets.token_urlsafe(SECRET_BYTES)
+    agent_secret = secrets.token_urlsafe(SECRET_BYTES)
     env = {
         **os.environ,
         "KVC_API_KEYS": f"dev:{api_key}",
@@ -190,27 +110,27 @@ def up_command(
     }
     base_url = f"http://{host}:{port}"
     console_url = f"http://127.0.0.1:{console_port}"
-    gport = grpc_port if grpc_port is not None else _free_port("127.0.0.1")
+    gport = grpc_port if grpc_port is not None else free_port("127.0.0.1")
     children: list[Child] = []
     replay: Child | None = None
     try:
         try:
             conductor = Child(
                 "conductor",
-                [_KVCENTRIC, "conductor", "--host", host, "--port", str(port),
+                [KVCENTRIC, "conductor", "--host", host, "--port", str(port),
                  "--grpc-host", "127.0.0.1", "--grpc-port", str(gport),
                  "--profile", DEMO_PROFILE],
                 env, logs / "conductor.log", stdout_pipe=False,
             )  # fmt: skip
             children.append(conductor)
-            _wait_for("the conductor's /healthz", lambda: _get(f"{base_url}/healthz"), children)
+            wait_for("the conductor's /healthz", lambda: get_json(f"{base_url}/healthz"), children)
             if not no_console:  # starts while the agents load their models
                 keys = {"KVC_CONSOLE_API_KEY": api_key, "KVC_CONSOLE_ADMIN_TOKEN": admin_token}
                 args = ["--backend", base_url, "--host", "127.0.0.1", "--port", str(console_port)]
                 children.append(
                     Child(
                         "console",
-                        [_KVCENTRIC, "console", *args],
+                        [KVCENTRIC, "console", *args],
                         {**env, **keys},
                         logs / "console.log",
                         stdout_pipe=False,
@@ -222,7 +142,7 @@ def up_command(
                     Child(
                         f"agent {role}-{index}",
                         [
-                            _KVCENTRIC,
+                            KVCENTRIC,
                             "agent",
                             "--role",
                             role,
@@ -246,14 +166,12 @@ def up_command(
                 )
 
             def joined() -> bool:
-                agents = _get(f"{base_url}/v1/agents", api_key)
+                agents = get_json(f"{base_url}/v1/agents", api_key)
                 return isinstance(agents, list) and len(agents) >= len(roles)
 
-            _wait_for(f"{len(roles)} agents to join", joined, children)
+            wait_for(f"{len(roles)} agents to join", joined, children)
             if not no_console:
-                _wait_for(
-                    "the console", lambda: _answers(f"{console_url}/_stcore/health"), children
-                )
+                wait_for("the console", lambda: answers(f"{console_url}/_stcore/health"), children)
         except ChildFailed as error:
             typer.echo(f"error: {error}", err=True)
             raise typer.Exit(1) from None
@@ -277,7 +195,7 @@ def up_command(
             sys.stdout.flush()
             replay = Child(
                 "replay",
-                [_KVCENTRIC, "replay", "--url", base_url, "--trace", str(SHIPPED_TRACE),
+                [KVCENTRIC, "replay", "--url", base_url, "--trace", str(SHIPPED_TRACE),
                  "--minutes", minutes, "--length-scale", str(length_scale),
                  "--speed", str(speed), "--out", str(data_dir / "replay-results.jsonl")],
                 env, logs / "replay.log", stdout_pipe=True,
@@ -307,18 +225,5 @@ def up_command(
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        _stop(replay, children)
+        stop_stack(replay, children)
     typer.echo("stopped", err=True)
-
-
-def _stop(replay: Child | None, children: list[Child]) -> None:
-    """The replay first, then the agents (at once), then the conductor."""
-    if replay is not None:
-        replay.terminate()
-        replay.wait()
-    agents, conductor = children[1:], children[:1]
-    for group in (agents, conductor):
-        for child in group:
-            child.terminate()
-        for child in group:
-            child.wait()

@@ -1,0 +1,111 @@
+"""The processes of a stack started from the command line (`kvcentric up`, `kvcentric bench
+admission`): each child with its log, waiting until they are ready, stopping them in order.
+"""
+
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import IO
+
+KVCENTRIC = str(Path(sys.executable).parent / "kvcentric")
+SECRET_BYTES = 32
+START_TIMEOUT_S = 120.0
+STOP_TIMEOUT_S = 30.0
+
+
+class ChildFailed(Exception):
+    """A child exited (or never got ready) while the stack was starting."""
+
+
+class Child:
+    """One subprocess of the stack, its output in a log file."""
+
+    def __init__(
+        self, name: str, args: list[str], env: dict[str, str], log: Path, *, stdout_pipe: bool
+    ) -> None:
+        self.name = name
+        self.log = log
+        self._log_file: IO[str] = log.open("w")
+        self.process = subprocess.Popen(
+            args,
+            stdout=subprocess.PIPE if stdout_pipe else self._log_file,
+            stderr=self._log_file,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            text=True,
+            # Its own session: Ctrl-C reaches `up` only, which stops the children in order.
+            start_new_session=True,
+        )
+
+    def check_alive(self) -> None:
+        code = self.process.poll()
+        if code is not None:
+            raise ChildFailed(f"{self.name} exited with code {code}; see its log {self.log}")
+
+    def terminate(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+
+    def wait(self) -> None:
+        try:
+            self.process.wait(STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self._log_file.close()
+
+
+def free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def get_json(url: str, api_key: str | None = None) -> object | None:
+    """The JSON body of a 200 answer, else None (not answering yet)."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=2) as r:
+            return json.loads(r.read() or b"null") if r.status == 200 else None
+    except (OSError, urllib.error.URLError, ValueError):
+        return None
+
+
+def answers(url: str) -> bool:
+    """Whether `url` answers 200 (any body)."""
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status == 200
+    except (OSError, urllib.error.URLError, ValueError):
+        return False
+
+
+def wait_for(what: str, ready, children: list[Child], timeout_s: float = START_TIMEOUT_S):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        for child in children:
+            child.check_alive()
+        value = ready()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise ChildFailed(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        time.sleep(0.2)
+
+
+def stop_stack(replay: Child | None, children: list[Child]) -> None:
+    """The replay first, then the agents (at once), then the conductor."""
+    if replay is not None:
+        replay.terminate()
+        replay.wait()
+    agents, conductor = children[1:], children[:1]
+    for group in (agents, conductor):
+        for child in group:
+            child.terminate()
+        for child in group:
+            child.wait()
