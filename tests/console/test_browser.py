@@ -243,13 +243,10 @@ def test_whatif_on_a_10_minute_trace_and_apply_with_the_admin_token(
     upload[0].send_keys(str(window))
     _wait(browser, lambda d: window.name in d.page_source, "the uploaded file")
     _choose(browser, "Rejection policy", "early")
-    started_s = time.monotonic()
     _click(browser, "Run what-if")
     _wait(browser, lambda d: _count(d, '[data-testid="stProgress"]') > 0, "the progress bar")
     _wait(browser, lambda d: _count(d, CHARTS) >= 3, "the comparison's charts", timeout_s=60)
-    elapsed_s = time.monotonic() - started_s
-    print(f"what-if on {window.name} in the browser: {elapsed_s:.1f} s")
-    assert elapsed_s <= 30, f"the what-if took {elapsed_s:.1f} s"
+    # Its time (<= 30 s is the bar) is measured by `kvcentric bench whatif`, not here.
     assert "1,750 requests (conversation-first-10-min.jsonl)" in browser.page_source
     token = browser.find_element(By.CSS_SELECTOR, 'input[aria-label="Admin token"]')
     token.send_keys(ADMIN_TOKEN, Keys.ENTER)

@@ -56,9 +56,7 @@ def test_the_page_describes_the_live_cluster_it_will_simulate(app, backend):
 
 def test_a_recorded_window_runs_current_vs_proposed_in_the_twin(app, backend):
     open_page(app, "whatif")
-    started_s = time.monotonic()
     _run_whatif(app, threshold=4.0)
-    elapsed_s = time.monotonic() - started_s
     assert not errors(app)
     (bar,) = app.get("progress")
     assert bar.proto.value == 100 and bar.proto.text.startswith("done in")
@@ -91,7 +89,6 @@ def test_a_recorded_window_runs_current_vs_proposed_in_the_twin(app, backend):
         expected["reports"]["baseline"]["ttft_p50_s"]
     )
     assert num_charts(app) == 3  # TTFT CDFs, pool loads, rejections: both runs side by side
-    assert elapsed_s < 30
 
 
 def test_an_uploaded_trace_with_a_bad_line_names_the_line(app):
