@@ -22,6 +22,7 @@ import pytest
 from backend.bench.whatif import to_jsonl
 from backend.traces import SHIPPED_TRACE
 from backend.traces.loader import load_trace
+from console.prediction import is_console_prediction
 from tests.console.conftest import ADMIN_TOKEN, API_KEY, free_port
 from tests.harness.agents import AgentProcess, stop_agents
 from tests.runtime.conftest import SECRET
@@ -267,8 +268,11 @@ def test_whatif_on_a_10_minute_trace_and_apply_with_the_admin_token(
     backend.put_config({"rejection_policy": before["config"]["rejection_policy"]})
 
 
-def test_audit_shows_the_change_with_its_prediction(browser, console_url, screenshots):
+def test_audit_shows_the_change_with_its_prediction(browser, console_url, screenshots, backend):
     _open(browser, console_url, "audit")
-    assert _count(browser, TABLE) == 2  # the log, and the newest prediction's deltas
+    audit = backend.get("/v1/audit", limit=100)
+    with_deltas = [e for e in audit if e["prediction"] and is_console_prediction(e["prediction"])]
+    assert with_deltas  # the what-if test above applied one
+    assert _count(browser, TABLE) == 1 + len(with_deltas)  # the log, then each one's deltas
     assert "Predictions" in browser.page_source
     _check_and_save(browser, "audit", screenshots)
