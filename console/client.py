@@ -72,6 +72,10 @@ class BackendClient:
         """{"version": int | None, "config": {...}}: the policy configuration in force."""
         return self._read(CONFIG_PATH)
 
+    def calibration(self) -> dict[str, Any]:
+        """Believed vs measured times, and the live cluster as a twin profile."""
+        return self._read("/v1/calibration", {"max_points": 500})
+
     def audit(self, *, limit: int = 100) -> list[dict[str, Any]]:
         return self._read(AUDIT_PATH, {"limit": limit})
 

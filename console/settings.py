@@ -5,8 +5,10 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-# The twin's built-in measured profile of the `tiny` agents `kvcentric up` runs.
-DEFAULT_TWIN_PROFILE = "tiny-cpu"
+# "live": the profile the Conductor fits from what its agents measured (GET /v1/calibration);
+# else a built-in ("tiny-cpu": the `tiny` agents measured on an idle machine) or a file.
+LIVE_TWIN_PROFILE = "live"
+DEFAULT_TWIN_PROFILE = LIVE_TWIN_PROFILE
 DEFAULT_BACKEND_URL = "http://127.0.0.1:8000"
 DEFAULT_REFRESH_S = 2.0
 

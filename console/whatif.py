@@ -83,6 +83,20 @@ def live_twin_config(
     )
 
 
+def live_profile_file(profile: Mapping[str, Any]) -> str:
+    """The live profile as a file the twin reads (one per content, reused across reruns)."""
+    import hashlib
+    import json
+
+    text = json.dumps(profile, sort_keys=True)
+    folder = Path(tempfile.gettempdir()) / "kvcentric-console"
+    folder.mkdir(exist_ok=True)
+    path = folder / f"live-profile-{hashlib.sha256(text.encode()).hexdigest()[:16]}.json"
+    if not path.exists():
+        path.write_text(text)
+    return str(path)
+
+
 def proposed_config(current: TwinConfig, change: ProposedChange) -> TwinConfig:
     """`current` with the change; the P:D split keeps the cluster's total."""
     total = current.num_prefill + current.num_decode

@@ -194,7 +194,19 @@ class TwinCluster:
             keys = tuple(key for key in keys if key not in fetched)
         job = PrefillJob(dispatch.request_id, arrival.num_input_tokens, keys, plan, source)
         self._jobs[dispatch.request_id] = job
-        self.prefill[dispatch.instance_id].submit(job)
+        instance = self.prefill[dispatch.instance_id]
+        dispatch_s = self.timing.serving.dispatch_s
+        if dispatch_s > 0:  # the serving path's way to the agent (a live profile measures it)
+            self.env.process(self._submit_after(instance, job, dispatch_s))
+        else:
+            instance.submit(job)
+
+    def _submit_after(
+        self, instance: PrefillInstance, job: PrefillJob, delay_s: float
+    ) -> Generator[Any, Any, None]:
+        yield self.env.timeout(delay_s)
+        if job.request_id in self._jobs:
+            instance.submit(job)
 
     def _on_prefill_started(self, job: PrefillJob) -> None:
         instance_id = self.recorder.records[job.request_id].prefill_instance
@@ -214,14 +226,13 @@ class TwinCluster:
         record = self.recorder.records[dispatch.request_id]
         record.decode_instance = dispatch.instance_id
         decode = self.decode[dispatch.instance_id]
-        if self.policy.checks_decode_on_arrival:
-            arrival = self._arrivals[dispatch.request_id]
+        check = dispatch.arrival_check
+        if check is not None:
             reason = check_decode_arrival(
-                self.core.cost,
+                check,
                 batch_size=decode.batch_size,
                 context_tokens=decode.context_tokens,
                 new_context_tokens=dispatch.num_context_tokens,
-                tbt_slo_s=arrival.tbt_slo_s or self.policy.tbt_slo_s,
                 kv_capacity_tokens=decode.kv_capacity_tokens,
             )
             if reason is not None:
@@ -232,6 +243,9 @@ class TwinCluster:
                 return
         prefill = self.prefill[record.prefill_instance or ""]
         yield from prefill.send(dispatch.num_context_tokens * self.timing.kv_bytes_per_token)
+        first_token_s = self.timing.serving.first_token_s
+        if first_token_s > 0:  # the decode dispatch and the first token's way out
+            yield self.env.timeout(first_token_s)
         decode.admit(
             DecodeJob(dispatch.request_id, dispatch.num_context_tokens, record.output_tokens)
         )

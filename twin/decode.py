@@ -112,7 +112,10 @@ class DecodeInstance:
 
     def _reschedule(self) -> None:
         """New step time for the batch as it now stands, and a timer for the next finish."""
+        # A live profile adds what streaming each token costs beyond the step.
         self.step_s = self.timing.decode_step_s(len(self.jobs), self.context_tokens)
+        if self.jobs:
+            self.step_s += self.timing.serving.per_token_s
         self.epoch_step_s.append(self.step_s)
         self.epoch_tokens.append(0.0)
         self._timer_generation += 1

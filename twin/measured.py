@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from backend.policy.cost_model import ServingFit
 from twin.profile_fields import (
     InstanceCapacities,
     StorageSpeeds,
@@ -97,6 +98,7 @@ class MeasuredTiming:
         instance: InstanceCapacities,
         prefill_points: Iterable[PrefillPoint],
         decode_points: Iterable[DecodePoint],
+        serving: ServingFit = ServingFit(),
     ) -> None:
         self.name = name
         self.kv_bytes_per_token = kv_bytes_per_token
@@ -104,6 +106,7 @@ class MeasuredTiming:
         self.link_latency_s = link_latency_s
         self.storage = storage
         self.instance = instance
+        self.serving = serving
         self.prefill_points = tuple(prefill_points)
         self.decode_points = tuple(decode_points)
         self._prefill = RowInterpolation(
@@ -144,6 +147,7 @@ class MeasuredTiming:
             link_latency_s=latency,
             storage=storage,
             instance=read_capacities(data),
+            serving=_serving(data),
             prefill_points=[
                 PrefillPoint(
                     input_tokens=integer(point, "input_tokens", where),
@@ -161,6 +165,20 @@ class MeasuredTiming:
                 for where, point in _points(data, "decode_points")
             ],
         )
+
+
+def _serving(data: Mapping[str, Any]) -> ServingFit:
+    """The `serving` section (a profile measured on a live cluster has one), else none."""
+    section = data.get("serving", {})
+    if not isinstance(section, Mapping):
+        raise ValueError("'serving' must be a JSON object")
+    try:
+        serving = ServingFit(
+            **{k: number(section, k, "serving.", allow_zero=True) for k in section}
+        )
+    except TypeError as error:
+        raise ValueError(f"'serving' has an unknown field: {error}") from None
+    return serving
 
 
 def _prefill_coordinates(input_tokens: int, cached_tokens: int) -> tuple[int, int]:

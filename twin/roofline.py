@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from backend.policy.cost_model import ServingFit
 from twin.profile_fields import (
     InstanceCapacities,
     StorageSpeeds,
@@ -105,6 +106,11 @@ class RooflineTiming:
     @property
     def kv_bytes_per_token(self) -> int:
         return self.shape.kv_bytes_per_token
+
+    @property
+    def serving(self) -> ServingFit:
+        """An analytic model has no serving path of its own."""
+        return ServingFit()
 
     @property
     def instance(self) -> InstanceCapacities:

@@ -14,13 +14,13 @@ from twin.cluster import TwinCluster
 from twin.config import TwinConfig
 from twin.report import build_report
 from twin.slo import derive_slos
-from twin.timing import load_timing, policy_cost_model
+from twin.timing import believed_from_profile, load_timing
 
 
 @lru_cache(maxsize=8)
 def believed_cost_model(profile: str, block_size: int) -> CostModel:
-    """The cost model the policy runs with: fitted from a noise-free profile of the timing."""
-    return policy_cost_model(load_timing(profile), block_size=block_size)
+    """The cost model the policy runs with (twin.timing.believed_from_profile)."""
+    return believed_from_profile(profile, block_size)
 
 
 def simulate(

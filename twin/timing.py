@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from backend.policy import CostModel, LinkModel
-from backend.policy.cost_model import PROFILE_FORMAT, fit_decode, fit_prefill
+from backend.policy.cost_model import PROFILE_FORMAT, ServingFit, fit_decode, fit_prefill
 from twin.measured import MeasuredTiming
 from twin.profile_fields import InstanceCapacities
 from twin.roofline import RooflineTiming
@@ -37,6 +37,10 @@ class TimingModel(Protocol):
     def link_latency_s(self) -> float: ...
     @property
     def instance(self) -> InstanceCapacities: ...
+    @property
+    def serving(self) -> ServingFit:
+        """The serving path's own costs: dispatch, first-token delivery, per-token streaming."""
+        ...
 
     def prefill_s(self, input_tokens: int, cached_tokens: int) -> float:
         """Compute time of a prompt whose first cached_tokens reuse KV (>= 1 token computed)."""
@@ -84,6 +88,10 @@ class NoisyTiming:
     @property
     def instance(self) -> InstanceCapacities:
         return self.base.instance
+
+    @property
+    def serving(self) -> ServingFit:
+        return self.base.serving
 
     def _noisy(self, seconds: float) -> float:
         if self.relative_std == 0.0 or seconds == 0.0:
@@ -203,4 +211,18 @@ def policy_cost_model(timing: TimingModel, *, block_size: int = 512) -> CostMode
         ),
         kv_bytes_per_token=timing.kv_bytes_per_token,
         name=f"fit-of-{timing.name}",
+        serving=timing.serving,
     )
+
+
+def believed_from_profile(profile: str, block_size: int) -> CostModel:
+    """What the policy believes in a run on `profile`: the cost model the profile names in its
+    `believed` section (a live profile carries the Conductor's calibrated one), else the
+    policy's form fitted to a profiling sweep of its timing (`policy_cost_model`)."""
+    data, where = read_profile(profile)
+    if isinstance(data, dict) and "believed" in data:
+        try:
+            return CostModel.from_profile(data["believed"])
+        except ValueError as error:
+            raise ValueError(f"{where}: 'believed': {error}") from None
+    return policy_cost_model(load_timing(profile), block_size=block_size)

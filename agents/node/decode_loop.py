@@ -8,8 +8,12 @@ request's stream before the worker sees the request, so tokens and the terminal 
 import queue
 import threading
 import time
+from collections import deque
 
 from agents.workers import DecodeOutcome, DecodeRequest, DecodeWorker
+from backend.policy.calibration import DecodeStepSample
+
+MAX_STEP_SAMPLES = 4096  # kept for the next heartbeat; the oldest go first
 
 Stream = queue.Queue[int | DecodeOutcome]
 
@@ -22,6 +26,8 @@ class DecodeLoop:
         worker.on_token = self._on_token
         worker.on_finish = self._on_finish
         self.last_step_s = 0.0
+        # Every step's (batch, context tokens, seconds), for the Conductor's calibration.
+        self._steps: deque[DecodeStepSample] = deque(maxlen=MAX_STEP_SAMPLES)
         self._streams: dict[str, Stream] = {}
         self._cond = threading.Condition()
         self._stopped = False
@@ -46,6 +52,13 @@ class DecodeLoop:
         with self._cond:
             return self.worker.batch_size, self.worker.context_tokens
 
+    def take_steps(self) -> list[DecodeStepSample]:
+        """The steps measured since the last call (oldest first)."""
+        with self._cond:
+            steps = list(self._steps)
+            self._steps.clear()
+            return steps
+
     def stop(self) -> None:
         with self._cond:
             self._stopped = True
@@ -59,9 +72,13 @@ class DecodeLoop:
                     self._cond.wait()
                 if self._stopped:
                     return
+                batch_size, context_tokens = self.worker.batch_size, self.worker.context_tokens
                 started_s = time.perf_counter()
                 self.worker.step()
                 self.last_step_s = time.perf_counter() - started_s
+                self._steps.append(
+                    DecodeStepSample(time.time(), batch_size, context_tokens, self.last_step_s)
+                )
 
     def _on_token(self, request_id: str, token: int) -> None:
         self._streams[request_id].put(token)

@@ -56,6 +56,7 @@ class Heartbeats:
         self._num_dropped = 0  # dropped since the last acknowledged heartbeat
         self._sequence = 0
         self._num_failures = 0  # heartbeats failed in a row
+        self._beating = threading.Lock()  # one heartbeat at a time: the thread's or a flush
         self.is_joined = False
 
     def start(self) -> None:
@@ -75,6 +76,13 @@ class Heartbeats:
                     self.conductor, _describe(error), len(self._backlog),
                 )  # fmt: skip
         self._channel.close()
+
+    def flush(self) -> None:
+        """Send what is pending now (the service calls it before answering a call that made
+        KV events), so the Conductor learns them before the answer, on this one channel."""
+        if self.is_joined and not self._stop.is_set():
+            while self._beat_logged():
+                pass
 
     # -- the thread ------------------------------------------------------------------------
     def _run(self) -> None:
@@ -170,6 +178,10 @@ class Heartbeats:
 
     def _beat(self, *, is_final: bool, timeout_s: float) -> bool:
         """Send the load and the oldest unacknowledged events; whether more remain."""
+        with self._beating:
+            return self._beat_locked(is_final=is_final, timeout_s=timeout_s)
+
+    def _beat_locked(self, *, is_final: bool, timeout_s: float) -> bool:
         self._collect()
         events: list[KvEvent] = []
         num_keys = 0
@@ -180,6 +192,7 @@ class Heartbeats:
             num_keys += len(event.keys)
         agent = self.agent
         self._sequence += 1
+        prefill_samples, decode_steps = agent.take_samples()
         heartbeat = Heartbeat(
             now_s=time.time(),
             instance_id=agent.instance_id,
@@ -191,6 +204,8 @@ class Heartbeats:
             first_event_index=self._first_event_index,
             num_dropped_events=self._num_dropped,
             is_final=is_final,
+            prefill_samples=tuple(prefill_samples),
+            decode_steps=tuple(decode_steps),
         )
         reply = self._stub.Heartbeat(
             heartbeat_to_proto(heartbeat), metadata=self._metadata, timeout=timeout_s

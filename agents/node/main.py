@@ -31,7 +31,11 @@ def serve(settings: AgentSettings, metrics_listen: str | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="agent-rpc"),
+        # A decode stream holds a thread until its last token: room for a full batch, plus
+        # the prefill, pool and state calls.
+        futures.ThreadPoolExecutor(
+            max_workers=settings.max_batch_size + 16, thread_name_prefix="agent-rpc"
+        ),
         interceptors=[SecretInterceptor(settings.secret)],
         options=[("grpc.so_reuseport", 0)],
     )
@@ -41,7 +45,8 @@ def serve(settings: AgentSettings, metrics_listen: str | None = None) -> int:
     instance_id = settings.instance_id or f"{settings.role}@{control_address}"
     agent = NodeAgent(settings, instance_id, Faults.from_environ(os.environ))
     metrics = AgentMetrics(agent)
-    pb_grpc.add_AgentServicer_to_server(AgentService(agent, control_address, metrics), server)
+    service = AgentService(agent, control_address, metrics)
+    pb_grpc.add_AgentServicer_to_server(service, server)
     metrics_server = None
     if metrics_listen is not None:
         metrics_server = MetricsServer(metrics.registry, metrics_listen)  # raises on bind
@@ -62,6 +67,7 @@ def serve(settings: AgentSettings, metrics_listen: str | None = None) -> int:
             max_backlog_events=settings.max_backlog_events,
         )
         heartbeats.start()
+        service.flush_events = heartbeats.flush
     stop.wait()
     logger.info("agent %s: stopping; draining in-flight work", instance_id)
     drained, left = agent.drain(DRAIN_TIMEOUT_S)

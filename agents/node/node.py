@@ -5,6 +5,7 @@ each control call. No gRPC here: `service` converts the wire messages.
 import json
 import threading
 import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -30,11 +31,13 @@ from agents.workers import (
     sample,
 )
 from backend.policy.blocks import block_keys
+from backend.policy.calibration import DecodeStepSample, PrefillSample
 from backend.policy.cost_model import CostModel
-from backend.policy.effects import CachePlan
+from backend.policy.effects import ArrivalCheck, CachePlan
 from backend.rpc.reports import AgentLoad
 
 DispatchError = PlanError
+MAX_PREFILL_SAMPLES = 4096  # kept for the next heartbeat; the oldest go first
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,15 +79,15 @@ class NodeAgent:
             if settings.profile is not None
             else None
         )
-        self.prefill_worker = PrefillWorker(self.model, self.block_size)
-        self.decode = DecodeLoop(
-            DecodeWorker(
-                self.model,
-                cost_model=self.cost_model if settings.tbt_slo_s is not None else None,
-                tbt_slo_s=settings.tbt_slo_s,
-                max_batch_size=settings.max_batch_size,
-            )
+        # The arrival check of a dispatch without one of its own (an agent driven without a
+        # Conductor, started with --tbt-slo); a Conductor's dispatch always says.
+        self.own_check = (
+            ArrivalCheck(settings.tbt_slo_s, self.cost_model.decode)
+            if settings.tbt_slo_s is not None and self.cost_model is not None
+            else None
         )
+        self.prefill_worker = PrefillWorker(self.model, self.block_size)
+        self.decode = DecodeLoop(DecodeWorker(self.model, max_batch_size=settings.max_batch_size))
         self.inbox = HandoffInbox(self.model, self.block_size)
         source = corrupting_last_block(self._serve) if faults.corrupt_fetch else self._serve
         self.transport = make_transport(
@@ -94,6 +97,7 @@ class NodeAgent:
         self._prefill_lock = threading.Lock()  # one prefill at a time
         self._state = threading.Condition()  # guards the counters and events below
         self._events: list[KvEvent] = []
+        self._prefill_samples: deque[PrefillSample] = deque(maxlen=MAX_PREFILL_SAMPLES)
         self._num_in_flight = 0
         self._num_prefill_queued = 0
         self._num_prefill_running = 0
@@ -151,11 +155,13 @@ class NodeAgent:
                         self._num_prefill_queued -= 1
                         self._num_prefill_running += 1
                     try:
-                        return self._prefill(
+                        outcome = self._prefill(
                             request_id, tokens, plan, fetch_address, replicate,
                             decode_address, sampling, return_logits,
                             time.perf_counter() - queued_s,
                         )  # fmt: skip
+                        self._measured(outcome)
+                        return outcome
                     finally:
                         with self._state:
                             self._num_prefill_running -= 1
@@ -247,6 +253,27 @@ class NodeAgent:
             logits=result.logits if return_logits else None,
         )
 
+    def _measured(self, outcome: PrefillOutcome) -> None:
+        """Keep the prefill's measurement for the Conductor's calibration."""
+        timings = outcome.timings
+        sample = PrefillSample(
+            time_s=time.time(),
+            input_tokens=outcome.num_tokens,
+            cached_tokens=outcome.num_reused_tokens,
+            seconds=timings["total_s"] - timings["queue_s"],
+            queue_s=timings["queue_s"],
+            fetched_tokens=outcome.num_fetched_tokens,
+        )
+        with self._state:
+            self._prefill_samples.append(sample)
+
+    def take_samples(self) -> tuple[list[PrefillSample], list[DecodeStepSample]]:
+        """The prefills and decode steps measured since the last call (for a heartbeat)."""
+        with self._state:
+            prefills = list(self._prefill_samples)
+            self._prefill_samples.clear()
+        return prefills, self.decode.take_steps()
+
     # -- decode --------------------------------------------------------------------------
     def start_decode(
         self,
@@ -255,8 +282,15 @@ class NodeAgent:
         first_token: int,
         max_tokens: int,
         sampling: SamplingParams = SamplingParams(),
+        arrival_check: ArrivalCheck | None = None,
+        *,
+        dispatch_decides: bool = False,
     ) -> Stream:
-        """Admit the handed-off request; the caller must call `finish_decode` after."""
+        """Admit the handed-off request; the caller must call `finish_decode` after.
+
+        `dispatch_decides`: the dispatch carried the arrival check to run (`arrival_check`,
+        None for none); otherwise the agent's own (`--tbt-slo`) applies."""
+        check = arrival_check if dispatch_decides else self.own_check
         if max_tokens < 1 or num_context_tokens < 1:
             raise PlanError("INVALID_ARGUMENT", "max_tokens and num_context_tokens must be >= 1")
         self._enter("decode")
@@ -267,7 +301,7 @@ class NodeAgent:
                 raise PlanError("FAILED_PRECONDITION", str(missing.args[0])) from None
             except ValueError as bad:
                 raise PlanError("INVALID_ARGUMENT", f"handed-off KV does not fit: {bad}") from None
-            request = DecodeRequest(request_id, kv, first_token, max_tokens, sampling)
+            request = DecodeRequest(request_id, kv, first_token, max_tokens, sampling, check)
             try:
                 return self.decode.submit(request)
             except ValueError as bad:
@@ -373,7 +407,7 @@ class NodeAgent:
             batch_size=int(load["batch_size"]),
             context_tokens=int(load["context_tokens"]),
             predicted_tbt_s=float(load["predicted_tbt_s"]),
-            tbt_slo_s=self.settings.tbt_slo_s or 0.0,
+            tbt_slo_s=self.own_check.tbt_slo_s if self.own_check is not None else 0.0,
             last_step_s=float(load["last_step_s"]),
             dram_bytes=stats.dram_bytes,
             dram_capacity_bytes=stats.dram_capacity_blocks * block_bytes,

@@ -5,7 +5,7 @@ carry policy types (plans, KV events) into dataclasses.
 """
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -18,6 +18,7 @@ from agents.workers import DecodeOutcome, SamplingParams
 from backend.rpc import agent_pb2 as pb
 from backend.rpc import agent_pb2_grpc as pb_grpc
 from backend.rpc.convert import (
+    arrival_check_from_proto,
     cache_plan_from_proto,
     kv_events_to_proto,
     load_to_proto,
@@ -41,6 +42,9 @@ class AgentService(pb_grpc.AgentServicer):
         self.agent = agent
         self.control_address = control_address
         self.metrics = metrics
+        # Called before answering a call that made KV events: the heartbeat channel carries
+        # them to the Conductor first (the answers carry them too, for a driver without one).
+        self.flush_events: Callable[[], None] = lambda: None
 
     def DispatchPrefill(self, request: pb.DispatchPrefillRequest, context: Any) -> Any:
         plan, fetch_address = cache_plan_from_proto(request.plan)
@@ -59,6 +63,7 @@ class AgentService(pb_grpc.AgentServicer):
             _abort(context, error)
         except ValueError as error:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
+        self.flush_events()
         if self.metrics is not None:
             self.metrics.observe_prefill(outcome)
             tokens_per_block = self.agent.block_size
@@ -82,12 +87,18 @@ class AgentService(pb_grpc.AgentServicer):
 
     def DispatchDecode(self, request: pb.DispatchDecodeRequest, context: Any) -> Iterator[Any]:
         try:
+            decides, check = arrival_check_from_proto(request)
+        except ValueError as bad:
+            _abort(context, PlanError("INVALID_ARGUMENT", str(bad)))
+        try:
             stream = self.agent.start_decode(
                 request.request_id,
                 request.num_context_tokens,
                 request.first_token,
                 request.max_tokens,
                 _sampling(request.sampling),
+                check,
+                dispatch_decides=decides,
             )
         except PlanError as error:
             _abort(context, error)
@@ -119,12 +130,15 @@ class AgentService(pb_grpc.AgentServicer):
             )
         except PlanError as plan_error:
             _abort(context, plan_error)
+        self.flush_events()
         return pb.ReplicateBlocksReply(
             stored_keys=stored, failed_keys=failed, error=error, events=kv_events_to_proto(events)
         )
 
     def EvictBlocks(self, request: pb.EvictBlocksRequest, context: Any) -> Any:
-        return pb.EvictBlocksReply(events=kv_events_to_proto(self.agent.evict(request.keys)))
+        events = self.agent.evict(request.keys)
+        self.flush_events()
+        return pb.EvictBlocksReply(events=kv_events_to_proto(events))
 
     def SetRole(self, request: pb.SetRoleRequest, context: Any) -> Any:
         try:

@@ -4,7 +4,8 @@ Each `step()` admits waiting requests into the running batch, runs one token for
 running request (linear layers batched, attention per request over its own KV cache) and
 retires requests that reached `max_tokens`. A request joining mid-stream produces the same
 tokens it would alone. The arrival check is backend.policy's `check_decode_arrival`, the
-same code the twin runs; a rejection is reported with its reason, stage "decode".
+same code the twin runs, with the SLO and step model each request was dispatched with; a
+rejection is reported with its reason, stage "decode".
 """
 
 from collections.abc import Callable
@@ -18,20 +19,22 @@ from agents.model.kv_blocks import PagedKv
 from agents.model.model import LlamaModel
 from agents.workers.decode_cache import RequestKvCache
 from agents.workers.sampling import GREEDY, SamplingParams, sample
-from backend.policy.cost_model import CostModel
 from backend.policy.decode_load import check_decode_arrival
+from backend.policy.effects import ArrivalCheck
 
 
 @dataclass(frozen=True, slots=True)
 class DecodeRequest:
     """A prefilled request: its prompt KV, the first token (sampled from the prefill's
-    logits, counted as output 1) and how many output tokens it may have in all."""
+    logits, counted as output 1), how many output tokens it may have in all, and the check
+    to run on its arrival (None: admit it unchecked)."""
 
     request_id: str
     kv: PagedKv
     first_token: int
     max_tokens: int
     sampling: SamplingParams = GREEDY
+    arrival_check: ArrivalCheck | None = None
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -68,20 +71,14 @@ class DecodeWorker:
         self,
         model: LlamaModel,
         *,
-        cost_model: CostModel | None = None,
-        tbt_slo_s: float | None = None,
         kv_capacity_tokens: int | None = None,
         max_batch_size: int = 64,
         on_token: TokenCallback | None = None,
         on_finish: FinishCallback | None = None,
     ) -> None:
-        if (cost_model is None) != (tbt_slo_s is None):
-            raise ValueError("the arrival check needs both cost_model and tbt_slo_s, or neither")
         if max_batch_size <= 0:
             raise ValueError(f"max_batch_size must be positive, got {max_batch_size}")
         self.model = model
-        self.cost_model = cost_model
-        self.tbt_slo_s = tbt_slo_s
         self.kv_capacity_tokens = kv_capacity_tokens
         self.max_batch_size = max_batch_size
         self.on_token = on_token
@@ -112,13 +109,12 @@ class DecodeWorker:
             raise ValueError(f"request {request.request_id!r} is already on this worker")
         if request.kv.blocks[0].shape[0] != self.model.config.num_layers:
             raise ValueError("the request's KV has a different number of layers than the model")
-        if self.cost_model is not None and self.tbt_slo_s is not None:
+        if request.arrival_check is not None:
             reason = check_decode_arrival(
-                self.cost_model,
+                request.arrival_check,
                 batch_size=self.batch_size,
                 context_tokens=self.context_tokens,
                 new_context_tokens=request.kv.num_tokens,
-                tbt_slo_s=self.tbt_slo_s,
                 kv_capacity_tokens=self.kv_capacity_tokens,
             )
             if reason is not None:

@@ -231,15 +231,13 @@ class PolicyReplay:
     def _start_decode(self, dispatch: DispatchDecode, now_s: float) -> None:
         worker = self.decode[dispatch.instance_id]
         arrival = self._arrivals[dispatch.request_id]
-        config = self.core.config
         cost = self.core.cost
-        if config.checks_decode_on_arrival:
+        if dispatch.arrival_check is not None:
             reason = check_decode_arrival(
-                cost,
+                dispatch.arrival_check,
                 batch_size=len(worker.batch),
                 context_tokens=worker.context_tokens,
                 new_context_tokens=dispatch.num_context_tokens,
-                tbt_slo_s=arrival.tbt_slo_s or config.tbt_slo_s,
             )
             if reason is not None:
                 self._feed(

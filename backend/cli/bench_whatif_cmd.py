@@ -10,7 +10,9 @@ import typer
 from backend.cli.bench_cmd import _print_table, bench_app
 from backend.traces import SHIPPED_TRACE
 from backend.traces.loader import TraceError, parse_minutes
-from console.settings import DEFAULT_TWIN_PROFILE
+
+# No Conductor runs here, so no live profile: the built-in profile of the tiny agents.
+BENCH_TWIN_PROFILE = "tiny-cpu"
 
 
 @bench_app.command("whatif")
@@ -24,9 +26,7 @@ def whatif(
     ),
     num_prefill: int = typer.Option(2, "--prefill", min=1, help="Live prefill agents."),
     num_decode: int = typer.Option(1, "--decode", min=1, help="Live decode agents."),
-    profile: str = typer.Option(
-        str(DEFAULT_TWIN_PROFILE), "--profile", help="The twin's timing profile."
-    ),
+    profile: str = typer.Option(BENCH_TWIN_PROFILE, "--profile", help="The twin's timing profile."),
     change: str = typer.Option(
         '{"threshold": 1.0}',
         "--change",

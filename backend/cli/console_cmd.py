@@ -60,15 +60,16 @@ def console_command(
     twin_profile: str = typer.Option(
         str(DEFAULT_TWIN_PROFILE),
         "--twin-profile",
-        help="The what-if twin's timing profile: a built-in (tiny-cpu, paper) or a profile "
-        "JSON from `kvcentric profile`.",
+        help="The what-if twin's timing profile: live (fitted by the Conductor from what its "
+        "agents measured), a built-in (tiny-cpu, paper) or a profile JSON from "
+        "`kvcentric profile`.",
     ),
     refresh_s: float = typer.Option(
         DEFAULT_REFRESH_S, "--refresh-s", min=0.5, help="Live pages refresh every this often."
     ),
 ) -> None:
     """Serve the operator console (Streamlit) for a running Conductor; Ctrl-C stops it."""
-    if twin_profile not in _BUILTIN_PROFILES and not Path(twin_profile).is_file():
+    if twin_profile not in (*_BUILTIN_PROFILES, "live") and not Path(twin_profile).is_file():
         typer.echo(f"error: --twin-profile: no file {twin_profile}", err=True)
         raise typer.Exit(_EXIT_BAD_INPUT)
     if not backend.startswith(("http://", "https://")):
@@ -79,7 +80,7 @@ def console_command(
         api_key=api_key,
         admin_token=admin_token,
         twin_profile=str(Path(twin_profile).resolve())
-        if twin_profile not in _BUILTIN_PROFILES
+        if twin_profile not in (*_BUILTIN_PROFILES, "live")
         else twin_profile,
         refresh_s=refresh_s,
     )

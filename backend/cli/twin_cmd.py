@@ -292,6 +292,115 @@ def paper_command(
     typer.echo(f"wrote {out}/ and {doc}")
 
 
+VALIDATE_EPILOG = (
+    "Example (the acceptance run of docs/fidelity.md):\n\n"
+    "kvcentric twin validate --warmup-minutes 0:1 --minutes 1:3 --prefill 2 --decode 1 "
+    '--changes \'[{}, {"kvcache_balancing_threshold": "inf"}, '
+    '{"kvcache_balancing_threshold": 1}, {"prefill": 1, "decode": 2}]\' --out validate/'
+)
+
+
+@twin_app.command("validate", epilog=VALIDATE_EPILOG)
+def validate_command(
+    trace: Path = typer.Option(SHIPPED_TRACE, "--trace", metavar="FILE", help=_TRACE_HELP),
+    warmup_minutes: str | None = typer.Option(
+        None,
+        "--warmup-minutes",
+        metavar="A:B",
+        help="Replayed first, to calibrate: the twin predicts with the calibration as of its "
+        "end (default: none, the profile's model).",
+    ),
+    minutes: str = typer.Option(
+        ..., "--minutes", metavar="C:D", help="The measured window, replayed after the warm-up."
+    ),
+    speed: str = typer.Option("1", "--speed", metavar="X", help=_SPEED_HELP),
+    length_scale: str = typer.Option(
+        "0.03125",
+        "--length-scale",
+        metavar="S",
+        help="Shrinks prompts and outputs for a CPU; the default turns each 512-token trace "
+        "block into one 16-token serving block, so the trace's prefix sharing is kept.",
+    ),
+    block_size: str = typer.Option(
+        "16", "--block-size", metavar="N", help="Tokens per KV block, live and in the twin."
+    ),
+    num_prefill: str = typer.Option("2", "--prefill", metavar="N", help="Prefill agents."),
+    num_decode: str = typer.Option("1", "--decode", metavar="M", help="Decode agents."),
+    changes: str = typer.Option(
+        "[{}]",
+        "--changes",
+        metavar="JSON-LIST",
+        help="Configurations to compare, each a JSON object of PolicyConfig settings "
+        "(kvcache_balancing_threshold, rejection_policy, ...) and prefill/decode for the "
+        "split; {} is the base and is added first when missing.",
+    ),
+    slo_headroom: str = typer.Option(
+        "4",
+        "--slo-headroom",
+        metavar="H",
+        help="SLOs as kvcentric up sets them: 10x TTFT / 5x TBT of a lone request on the "
+        "tiny-cpu profile, times this.",
+    ),
+    out: Path | None = typer.Option(
+        None, "--out", help="Folder for result.json, the raw reports and validate.html."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as one JSON object."),
+) -> None:
+    """Run a window live (its own stack per config) and in the twin, and compare metrics."""
+    import json
+
+    from backend.bench.validate import ValidateSettings, parse_changes, validate
+    from backend.cli.up_cmd import demo_slos
+
+    with _bad_input():
+        parsed = parse_changes(changes)
+        scale = _number("--length-scale", length_scale)
+        if not 0 < scale <= 1:
+            raise ValueError(f"--length-scale must be in (0, 1], got {length_scale}")
+        parse_minutes(minutes)
+        if warmup_minutes:
+            parse_minutes(warmup_minutes)
+        ttft_slo_s, tbt_slo_s = demo_slos(trace, scale, _number("--slo-headroom", slo_headroom))
+        settings = ValidateSettings(
+            trace=trace,
+            warmup_minutes=warmup_minutes,
+            minutes=minutes,
+            speed=_number("--speed", speed),
+            length_scale=scale,
+            block_size=_integer("--block-size", block_size),
+            num_prefill=_integer("--prefill", num_prefill),
+            num_decode=_integer("--decode", num_decode),
+            ttft_slo_s=ttft_slo_s,
+            tbt_slo_s=tbt_slo_s,
+        )
+    with _progress(counts_runs=True) as progress:
+        task = progress.add_task("validate", total=len(parsed))
+        quiet = progress.disable
+
+        def on_status(text: str, index: int) -> None:
+            progress.update(task, completed=index, description=text[:80], refresh=True)
+            if quiet:
+                _stderr.print(text)
+
+        try:
+            result = validate(settings, parsed, out=out, on_status=on_status)
+        except (ValueError, RuntimeError) as error:
+            _fail(str(error))
+        progress.update(task, completed=len(parsed), refresh=True)
+    if as_json:
+        typer.echo(json.dumps(result))
+        return
+    rows = [
+        {"config": json.dumps(c["change"]), "metric": name, **values}
+        for c in result["configs"]
+        for name, values in c["metrics"].items()
+    ]
+    _print_rows(rows, ["config", "metric", "live", "twin", "rel_err"], "live vs twin")
+    typer.echo(f"kendall tau: {result['kendall_tau']}  directions: {result['directions']}")
+    if out is not None:
+        typer.echo(f"wrote {out}/result.json, {out}/validate.html and the raw reports")
+
+
 @contextmanager
 def _bad_input() -> Iterator[None]:
     """Turn the errors bad input causes into one `error:` line (TraceError is a ValueError)."""

@@ -52,6 +52,9 @@ def outcome_columns(outcome: RequestOutcome) -> dict[str, Any]:
         "tbt_mean_s": outcome.tbt_mean_s,
         "tbt_p99_s": outcome.tbt_p99_s,
         "tbt_max_s": outcome.tbt_max_s,
+        "tbt_gap_histogram": {str(k): v for k, v in outcome.tbt_gap_histogram.items()}
+        if outcome.tbt_gap_histogram is not None
+        else None,
         "num_generated_tokens": outcome.num_generated_tokens,
         "num_reused_tokens": outcome.num_reused_tokens,
         "num_transferred_tokens": outcome.num_transferred_tokens,
@@ -72,6 +75,9 @@ def request_record(row: RequestRow) -> RequestRecord:
             tbt_mean_s=row.tbt_mean_s,
             tbt_p99_s=row.tbt_p99_s,
             tbt_max_s=row.tbt_max_s,
+            tbt_gap_histogram={int(k): v for k, v in row.tbt_gap_histogram.items()}
+            if row.tbt_gap_histogram
+            else None,
             num_generated_tokens=row.num_generated_tokens,
             num_reused_tokens=row.num_reused_tokens,
             num_transferred_tokens=row.num_transferred_tokens,

@@ -71,6 +71,8 @@ class RequestRow(Base):
     tbt_mean_s: Mapped[float | None] = mapped_column(Double)
     tbt_p99_s: Mapped[float | None] = mapped_column(Double)
     tbt_max_s: Mapped[float | None] = mapped_column(Double)
+    # Every inter-token gap, log-binned: {bin index (string): count} (measures.gap_histogram).
+    tbt_gap_histogram: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     num_generated_tokens: Mapped[int | None] = mapped_column(Integer)
     num_reused_tokens: Mapped[int | None] = mapped_column(Integer)
     num_transferred_tokens: Mapped[int | None] = mapped_column(Integer)
@@ -167,3 +169,14 @@ class AuditRow(Base):
     config_version: Mapped[int | None] = mapped_column(
         Integer, ForeignKey("config_versions.version", ondelete="SET NULL")
     )
+
+
+class CalibrationRow(Base):
+    """The Conductor's calibration as of its last refit (one row): the cost model it believes
+    and its rolling window of measurements, so a restart resumes where it was."""
+
+    __tablename__ = "calibration"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    updated_time_s: Mapped[float] = mapped_column(Double)
+    state: Mapped[dict[str, Any]] = mapped_column(JSON)

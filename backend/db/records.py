@@ -34,6 +34,8 @@ class RequestOutcome:
     tbt_mean_s: float | None = None
     tbt_p99_s: float | None = None
     tbt_max_s: float | None = None
+    # Every inter-token gap, log-binned (backend.observe.measures.gap_histogram).
+    tbt_gap_histogram: dict[int, float] | None = None
     num_generated_tokens: int | None = None
     num_reused_tokens: int | None = None
     num_transferred_tokens: int | None = None

@@ -5,8 +5,8 @@ samples), it has the same top-level keys and series as the twin's report (twin/r
 so a what-if prediction and what the cluster then measured compare key by key. Where the
 live system measures less than the twin sees, the definition says how it is approximated:
 
-- TBT percentiles weight each completed request's mean token gap by its number of gaps
-  (the twin weights every decode step);
+- TBT percentiles are over every inter-token gap of every completed request, from each
+  request's log-binned gap histogram (`measures.histogram_percentile`, as the twin's);
 - wasted prefill seconds are the predicted prefill time of late-rejected requests;
 - the reachable hit ratio is the longest prefix any prefill instance held at decision time;
 - every fetch is a replication (the fetched blocks stay on the fetching instance), so
@@ -21,10 +21,30 @@ from typing import Any
 import numpy as np
 
 from backend.db.records import DecisionRecord, LoadSample, RequestRecord
-from backend.observe.measures import oscillation, percentile, weighted_percentile, window_means
+from backend.observe.measures import (
+    gap_histogram,
+    histogram_percentile,
+    merge_histograms,
+    oscillation,
+    percentile,
+    window_means,
+)
 from backend.policy.config import PolicyConfig
 
 DEFAULT_NUM_WINDOWS = 60
+
+
+def _gaps_of(request: RequestRecord) -> dict[int, float]:
+    """A completed request's gap histogram; a row recorded before histograms were kept
+    stands for its gaps by its mean gap."""
+    outcome = request.outcome
+    assert outcome is not None
+    if outcome.tbt_gap_histogram is not None:
+        return outcome.tbt_gap_histogram
+    num_gaps = max(0, (outcome.num_generated_tokens or 0) - 1)
+    if outcome.tbt_mean_s is None or not num_gaps:
+        return {}
+    return gap_histogram([outcome.tbt_mean_s], [num_gaps])
 
 
 def default_interval_s(span_s: float) -> float:
@@ -51,13 +71,7 @@ def build_live_report(
     late = [r for r in rejected if r.outcome.stage == "decode"]  # type: ignore[union-attr]
     dispatched = [r for r in requests if r.request_id in latest]
     ttfts = [r.outcome.ttft_s for r in completed if r.outcome.ttft_s is not None]  # type: ignore[union-attr]
-    gaps = [
-        (r.outcome.tbt_mean_s, max(0, (r.outcome.num_generated_tokens or 0) - 1))  # type: ignore[union-attr]
-        for r in completed
-        if r.outcome.tbt_mean_s is not None  # type: ignore[union-attr]
-    ]
-    tbt_values = np.array([g for g, _ in gaps], dtype=float)
-    tbt_weights = np.array([w for _, w in gaps], dtype=float)
+    gaps = merge_histograms(_gaps_of(r) for r in completed)
     good = [r for r in completed if _within_slos(r, config)]
     # Goodput per second of the arrival span, as the twin defines it (not of the window).
     arrivals = [r.arrival_time_s for r in requests]
@@ -98,9 +112,9 @@ def build_live_report(
         "ttft_p90_s": percentile(ttfts, 90),
         "ttft_p99_s": percentile(ttfts, 99),
         "ttft_mean_s": float(np.mean(ttfts)) if ttfts else None,
-        "tbt_p50_s": weighted_percentile(tbt_values, tbt_weights, 50),
-        "tbt_p90_s": weighted_percentile(tbt_values, tbt_weights, 90),
-        "tbt_p99_s": weighted_percentile(tbt_values, tbt_weights, 99),
+        "tbt_p50_s": histogram_percentile(gaps, 50),
+        "tbt_p90_s": histogram_percentile(gaps, 90),
+        "tbt_p99_s": histogram_percentile(gaps, 99),
         "slo_attainment": len(good) / len(finished) if finished else None,
         "goodput_rps": len(good) / span_s,
         "cache_hit_ratio": sum(reused.values()) / input_tokens if input_tokens else None,

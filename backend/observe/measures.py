@@ -2,12 +2,21 @@
 
 One definition each, shared by the twin's report and the Conductor's live report, so their
 numbers can be put side by side: percentiles (linear interpolation), token-weighted
-percentiles (TBT), windowed means of a sampled series, and a load series' oscillation.
+percentiles, TBT percentiles over every inter-token gap (a log-binned gap histogram both
+drivers fill), windowed means of a sampled series, and a load series' oscillation.
 """
 
-from collections.abc import Sequence
+import math
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
+
+# TBT gaps are counted in bins growing by 1% from 10 microseconds: a percentile read from
+# the histogram is within 0.5% of the exact one, and a request's gaps fit in a small dict.
+GAP_MIN_S = 1e-5
+GAP_BIN_RATIO = 1.01
+_LOG_RATIO = math.log(GAP_BIN_RATIO)
+GapHistogram = dict[int, float]  # bin index -> number of gaps (float: the twin weights)
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -53,3 +62,44 @@ def window_means(t_s: Sequence[float], samples: Sequence[float], edges: np.ndarr
     return [
         float(s / c) if c else 0.0 for s, c in zip(sums[: len(edges) - 1], counts, strict=False)
     ]
+
+
+def gap_bin(seconds: float) -> int:
+    """The histogram bin of one inter-token gap."""
+    return max(0, int(math.log(max(seconds, GAP_MIN_S) / GAP_MIN_S) / _LOG_RATIO))
+
+
+def gap_histogram(gaps_s: Iterable[float], weights: Iterable[float] | None = None) -> GapHistogram:
+    """Count gaps into bins; `weights`: how many gaps each value stands for (default 1)."""
+    histogram: GapHistogram = {}
+    pairs = zip(gaps_s, weights, strict=True) if weights is not None else ((g, 1) for g in gaps_s)
+    for gap_s, weight in pairs:
+        if weight > 0:
+            index = gap_bin(gap_s)
+            histogram[index] = histogram.get(index, 0) + weight
+    return histogram
+
+
+def merge_histograms(histograms: Iterable[Mapping[int | str, float]]) -> GapHistogram:
+    """One histogram of many (keys may be strings, as JSON brings them back)."""
+    merged: GapHistogram = {}
+    for histogram in histograms:
+        for key, count in histogram.items():
+            index = int(key)
+            merged[index] = merged.get(index, 0) + count
+    return merged
+
+
+def histogram_percentile(histogram: Mapping[int, float], q: float) -> float | None:
+    """The gap at q% of all gaps: the geometric middle of the bin where the count reaches
+    it. DESIGN.md's TBT percentiles, live and in the twin."""
+    total = sum(histogram.values())
+    if total <= 0:
+        return None
+    target = total * q / 100.0
+    cumulative = 0.0
+    for index in sorted(histogram):
+        cumulative += histogram[index]
+        if cumulative >= target:
+            return GAP_MIN_S * GAP_BIN_RATIO ** (index + 0.5)
+    return GAP_MIN_S * GAP_BIN_RATIO ** (max(histogram) + 0.5)

@@ -11,7 +11,7 @@ EvictionPolicy = Literal["lru", "lfu", "length-aware"]
 PREFILL_SCHEDULERS: tuple[str, ...] = ("kvcache-centric", "cache-aware", "load-balancing", "random")
 REJECTION_POLICIES: tuple[str, ...] = ("none", "baseline", "early", "early-predicted")
 EVICTION_POLICIES: tuple[str, ...] = ("lru", "lfu", "length-aware")
-_INT_FIELDS = ("block_size", "decode_time_window", "seed")
+_INT_FIELDS = ("block_size", "decode_time_window", "seed", "max_in_flight_requests")
 _NUMBER_FIELDS = ("kvcache_balancing_threshold", "ttft_slo_s", "tbt_slo_s", "decode_time_s")
 
 
@@ -37,6 +37,9 @@ class PolicyConfig:
     learn_decode_time: bool = False
     decode_time_window: int = 256
     seed: int = 0
+    # Requests admitted and not yet ended, cluster-wide; past it admission refuses
+    # ("in_flight_limit"), in the live Conductor and in the twin alike.
+    max_in_flight_requests: int = 1024
 
     def __post_init__(self) -> None:
         self._check_types()
@@ -66,6 +69,10 @@ class PolicyConfig:
                 raise ValueError(f"{name} must be a positive number of seconds, got {value}")
         if self.decode_time_window <= 0:
             raise ValueError(f"decode_time_window must be positive, got {self.decode_time_window}")
+        if self.max_in_flight_requests <= 0:
+            raise ValueError(
+                f"max_in_flight_requests must be positive, got {self.max_in_flight_requests}"
+            )
 
     def _check_types(self) -> None:
         """Refuse values of the wrong type (64.0 for an int, true for a number), which

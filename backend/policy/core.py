@@ -24,6 +24,7 @@ from backend.policy.decode_load import (
     predicted_mean_ratio,
 )
 from backend.policy.effects import (
+    ArrivalCheck,
     DispatchDecode,
     DispatchPrefill,
     Effect,
@@ -97,6 +98,11 @@ class ConductorCore:
                 self._decode_durations_s, maxlen=config.decode_time_window
             )
 
+    def recost(self, cost: CostModel) -> None:
+        """Believe a new cost model (a calibration refit) from the next event on; work already
+        queued keeps the prediction it was booked with."""
+        self.cost = cost
+
     @property
     def decode_time_s(self) -> float:
         """t_d: configured, or learned from recent completions when `learn_decode_time`."""
@@ -133,6 +139,17 @@ class ConductorCore:
         """Route, pick decode, admit and book one request (new, or re-routed after a loss)."""
         config = self.config
         now_s = event.now_s
+        if apply_admission and len(self._requests) >= config.max_in_flight_requests:
+            return (
+                Reject(
+                    event.request_id,
+                    reason="in_flight_limit",
+                    stage="admission",
+                    message=f"{len(self._requests)} requests are in flight, the configured "
+                    f"limit (max_in_flight_requests)",
+                    retry_after_s=1.0,
+                ),
+            )
         prefill = {pid: s for pid, s in self.prefill.items() if not s.draining}
         decode = [s for s in self.decode.values() if not s.draining]
         if not prefill or not decode:
@@ -235,7 +252,8 @@ class ConductorCore:
                 tbt_slo_s=tbt_slo_s,
             )
         loads = LoadSnapshot(
-            estimated_ttft_s=estimated_ttft_s,
+            # Admission judges the TTFT the client will see: the serving path's own costs too.
+            estimated_ttft_s=estimated_ttft_s + self.cost.serving.ttft_overhead_s,
             ttft_slo_s=event.ttft_slo_s or self.config.ttft_slo_s,
             current_decode_load=current_ratio(
                 self.cost, decode_state, event.num_input_tokens, tbt_slo_s
@@ -272,8 +290,15 @@ class ConductorCore:
                 event.request_id,
                 admitted.decode_instance_id,
                 admitted.arrival.num_input_tokens,
+                self._arrival_check(admitted.arrival),
             ),
         )
+
+    def _arrival_check(self, arrival: ev.RequestArrived) -> ArrivalCheck | None:
+        """The decode instance's check for this request under the configuration in force."""
+        if not self.config.checks_decode_on_arrival:
+            return None
+        return ArrivalCheck(arrival.tbt_slo_s or self.config.tbt_slo_s, self.cost.decode)
 
     def on_decode_started(self, event: ev.DecodeStarted) -> tuple[Effect, ...]:
         admitted = self._requests.get(event.request_id)

@@ -11,6 +11,10 @@ points of the real worker):
                                  (weights are read once per step; attention reads every
                                  context token's KV).
     transfer_s(tokens, backlog)= latency_s + tokens * kv_bytes_per_token / bandwidth + backlog_s
+    serving path               = dispatch_s (arrival to the prefill agent's answer, beyond its
+                                 own work) + first_token_s (prefill's answer to the first token
+                                 leaving the Conductor) + per_token_s (each streamed gap beyond
+                                 the decode step); measured live, zero in offline profiles.
 
 A profile is the JSON-ready dict form of a CostModel (`to_profile` / `from_profile`). The
 twin executes with its own timing model; this is only what the policy predicts.
@@ -73,6 +77,20 @@ class LinkModel:
 
 
 @dataclass(frozen=True, slots=True)
+class ServingFit:
+    """The serving path's own costs, beyond the prefill and decode work (seconds)."""
+
+    dispatch_s: float = 0.0
+    first_token_s: float = 0.0
+    per_token_s: float = 0.0
+
+    @property
+    def ttft_overhead_s(self) -> float:
+        """What the path adds to a request's time to first token."""
+        return self.dispatch_s + self.first_token_s
+
+
+@dataclass(frozen=True, slots=True)
 class CostModel:
     """Prefill, decode and transfer time estimates for one model on one kind of instance."""
 
@@ -81,13 +99,15 @@ class CostModel:
     link: LinkModel
     kv_bytes_per_token: int
     name: str = "unnamed"
+    serving: ServingFit = ServingFit()
 
     def __post_init__(self) -> None:
         if self.kv_bytes_per_token <= 0:
             raise ValueError(f"kv_bytes_per_token must be positive, got {self.kv_bytes_per_token}")
         if self.link.bandwidth_bytes_per_s <= 0:
             raise ValueError("link bandwidth must be positive")
-        for label, fit in (("prefill", self.prefill), ("decode", self.decode)):
+        fits = (("prefill", self.prefill), ("decode", self.decode), ("serving", self.serving))
+        for label, fit in fits:
             for field, value in asdict(fit).items():
                 if not (math.isfinite(value) and value >= 0):
                     raise ValueError(f"{label}.{field} must be a finite non-negative number")
@@ -114,6 +134,7 @@ class CostModel:
             "prefill": asdict(self.prefill),
             "decode": asdict(self.decode),
             "link": asdict(self.link),
+            "serving": asdict(self.serving),
         }
 
     @classmethod
@@ -140,6 +161,7 @@ class CostModel:
                 link=LinkModel(**profile["link"]),
                 kv_bytes_per_token=int(profile["kv_bytes_per_token"]),
                 name=str(profile.get("name", "unnamed")),
+                serving=ServingFit(**profile.get("serving", {})),
             )
         except KeyError as missing:
             raise ValueError(f"profile lacks {missing}") from None
@@ -182,26 +204,53 @@ def _nonnegative_least_squares(columns: Sequence[np.ndarray], target: np.ndarray
     return [0.0] * len(columns)
 
 
-def fit_prefill(points: Iterable[tuple[int, int, float]]) -> PrefillFit:
+def _robust_fit(
+    columns: Sequence[np.ndarray], target: np.ndarray, *, robust: bool
+) -> tuple[list[float], np.ndarray]:
+    """Non-negative least squares; `robust`: refit once without the points whose residual
+    is beyond 3 scaled MADs (a stalled step, a GC pause), if enough points remain.
+    Returns the coefficients and the mask of the points kept."""
+    kept = np.ones(len(target), dtype=bool)
+    coefficients = _nonnegative_least_squares(columns, target)
+    if not robust:
+        return coefficients, kept
+    predicted = np.column_stack(columns) @ np.asarray(coefficients)
+    residuals = target - predicted
+    mad = float(np.median(np.abs(residuals - np.median(residuals))))
+    limit = max(3.0 * 1.4826 * mad, 1e-9)
+    kept = np.abs(residuals) <= limit
+    if kept.sum() >= max(3, len(target) // 2) and not kept.all():
+        coefficients = _nonnegative_least_squares([c[kept] for c in columns], target[kept])
+    else:
+        kept = np.ones(len(target), dtype=bool)
+    return coefficients, kept
+
+
+def prefill_columns(inputs: np.ndarray, cached: np.ndarray) -> list[np.ndarray]:
+    """The prefill form's terms for each (input, cached) point: 1, n, n * (input + cached) / 2."""
+    new = np.maximum(inputs - cached, 1.0)
+    return [np.ones_like(new), new, new * (inputs + cached) * 0.5]
+
+
+def fit_prefill(points: Iterable[tuple[int, int, float]], *, robust: bool = False) -> PrefillFit:
     """Fit the prefill form to (input_tokens, cached_tokens, seconds) measurements."""
     rows = np.array(list(points), dtype=float)
     if rows.ndim != 2 or len(rows) < 3:
         raise ValueError("need at least three prefill points to fit the prefill model")
     inputs, cached, seconds = rows[:, 0], rows[:, 1], rows[:, 2]
-    new = np.maximum(inputs - cached, 1.0)
-    fixed, per_token, per_pair = _nonnegative_least_squares(
-        [np.ones_like(new), new, new * (inputs + cached) * 0.5], seconds
+    (fixed, per_token, per_pair), _ = _robust_fit(
+        prefill_columns(inputs, cached), seconds, robust=robust
     )
     return PrefillFit(fixed_s=fixed, per_token_s=per_token, per_token_pair_s=per_pair)
 
 
-def fit_decode(points: Iterable[tuple[int, int, float]]) -> DecodeFit:
+def fit_decode(points: Iterable[tuple[int, int, float]], *, robust: bool = False) -> DecodeFit:
     """Fit the decode-step form to (batch_size, context_tokens, seconds) measurements."""
     rows = np.array(list(points), dtype=float)
     if rows.ndim != 2 or len(rows) < 3:
         raise ValueError("need at least three decode points to fit the decode model")
     batch, context, seconds = rows[:, 0], rows[:, 1], rows[:, 2]
-    fixed, per_request, per_context = _nonnegative_least_squares(
-        [np.ones_like(batch), batch, context], seconds
+    (fixed, per_request, per_context), _ = _robust_fit(
+        [np.ones_like(batch), batch, context], seconds, robust=robust
     )
     return DecodeFit(fixed_s=fixed, per_request_s=per_request, per_context_token_s=per_context)

@@ -13,6 +13,7 @@ from collections.abc import Iterable
 
 from backend.policy.cluster import DecodeState
 from backend.policy.cost_model import CostModel
+from backend.policy.effects import ArrivalCheck
 
 
 def tbt_ratio(cost: CostModel, batch_size: int, context_tokens: int, tbt_slo_s: float) -> float:
@@ -106,20 +107,21 @@ def predicted_mean_ratio(
 
 
 def check_decode_arrival(
-    cost: CostModel,
+    check: ArrivalCheck,
     *,
     batch_size: int,
     context_tokens: int,
     new_context_tokens: int,
-    tbt_slo_s: float,
     kv_capacity_tokens: int | None = None,
 ) -> str | None:
     """The decode instance's local check on a request's arrival: a rejection reason or None.
 
-    `batch_size` and `context_tokens` describe the batch running on the instance now.
+    `batch_size` and `context_tokens` describe the batch running on the instance now; the
+    check (SLO and step model) is the one the request was dispatched with.
     """
     if kv_capacity_tokens is not None and context_tokens + new_context_tokens > kv_capacity_tokens:
         return "kv_capacity"
-    if tbt_ratio(cost, batch_size + 1, context_tokens + new_context_tokens, tbt_slo_s) > 1.0:
+    step_s = check.decode.step_s(batch_size + 1, context_tokens + new_context_tokens)
+    if step_s / check.tbt_slo_s > 1.0:
         return "tbt_slo"
     return None

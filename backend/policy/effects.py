@@ -7,6 +7,8 @@ exactly one of DecodeFinished (completed), DecodeRejected / Reject (rejected) or
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
+from backend.policy.cost_model import DecodeFit
+
 RejectionStage = Literal["admission", "decode"]
 
 
@@ -80,12 +82,24 @@ class Replicate:
 
 
 @dataclass(frozen=True, slots=True)
+class ArrivalCheck:
+    """The check the decode instance runs when the request reaches it (late rejection): the
+    request's TBT SLO and the decode-step model believed when it was dispatched. It travels
+    with the dispatch, so the configuration in force is the one every driver applies."""
+
+    tbt_slo_s: float
+    decode: DecodeFit
+
+
+@dataclass(frozen=True, slots=True)
 class DispatchDecode:
-    """Hand the request's KV to `instance_id` for decoding."""
+    """Hand the request's KV to `instance_id` for decoding; `arrival_check` None: admit it
+    without a check (rejection policy "none")."""
 
     request_id: str
     instance_id: str
     num_context_tokens: int
+    arrival_check: ArrivalCheck | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -151,19 +151,33 @@ class DispatchPrefillReply(_message.Message):
     logits: _containers.RepeatedScalarFieldContainer[float]
     def __init__(self, request_id: _Optional[str] = ..., instance_id: _Optional[str] = ..., first_token: _Optional[int] = ..., num_tokens: _Optional[int] = ..., num_reused_tokens: _Optional[int] = ..., num_fetched_tokens: _Optional[int] = ..., recomputed_keys: _Optional[_Iterable[int]] = ..., stored_keys: _Optional[_Iterable[int]] = ..., timings: _Optional[_Union[PrefillTimings, _Mapping]] = ..., events: _Optional[_Iterable[_Union[KvEvent, _Mapping]]] = ..., handed_off: _Optional[bool] = ..., logits: _Optional[_Iterable[float]] = ...) -> None: ...
 
+class ArrivalCheck(_message.Message):
+    __slots__ = ("tbt_slo_s", "fixed_s", "per_request_s", "per_context_token_s")
+    TBT_SLO_S_FIELD_NUMBER: _ClassVar[int]
+    FIXED_S_FIELD_NUMBER: _ClassVar[int]
+    PER_REQUEST_S_FIELD_NUMBER: _ClassVar[int]
+    PER_CONTEXT_TOKEN_S_FIELD_NUMBER: _ClassVar[int]
+    tbt_slo_s: float
+    fixed_s: float
+    per_request_s: float
+    per_context_token_s: float
+    def __init__(self, tbt_slo_s: _Optional[float] = ..., fixed_s: _Optional[float] = ..., per_request_s: _Optional[float] = ..., per_context_token_s: _Optional[float] = ...) -> None: ...
+
 class DispatchDecodeRequest(_message.Message):
-    __slots__ = ("request_id", "num_context_tokens", "first_token", "max_tokens", "sampling")
+    __slots__ = ("request_id", "num_context_tokens", "first_token", "max_tokens", "sampling", "arrival_check")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     NUM_CONTEXT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     FIRST_TOKEN_FIELD_NUMBER: _ClassVar[int]
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    ARRIVAL_CHECK_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     num_context_tokens: int
     first_token: int
     max_tokens: int
     sampling: Sampling
-    def __init__(self, request_id: _Optional[str] = ..., num_context_tokens: _Optional[int] = ..., first_token: _Optional[int] = ..., max_tokens: _Optional[int] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ...) -> None: ...
+    arrival_check: ArrivalCheck
+    def __init__(self, request_id: _Optional[str] = ..., num_context_tokens: _Optional[int] = ..., first_token: _Optional[int] = ..., max_tokens: _Optional[int] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., arrival_check: _Optional[_Union[ArrivalCheck, _Mapping]] = ...) -> None: ...
 
 class DecodeMessage(_message.Message):
     __slots__ = ("request_id", "token", "index", "done", "status", "reason", "stage")
@@ -363,8 +377,32 @@ class JoinReply(_message.Message):
     message: str
     def __init__(self, accepted: _Optional[bool] = ..., heartbeat_interval_s: _Optional[float] = ..., message: _Optional[str] = ...) -> None: ...
 
+class PrefillSample(_message.Message):
+    __slots__ = ("input_tokens", "cached_tokens", "fetched_tokens", "seconds", "queue_s")
+    INPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    FETCHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_S_FIELD_NUMBER: _ClassVar[int]
+    input_tokens: int
+    cached_tokens: int
+    fetched_tokens: int
+    seconds: float
+    queue_s: float
+    def __init__(self, input_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., fetched_tokens: _Optional[int] = ..., seconds: _Optional[float] = ..., queue_s: _Optional[float] = ...) -> None: ...
+
+class DecodeStepSample(_message.Message):
+    __slots__ = ("batch_size", "context_tokens", "seconds")
+    BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    batch_size: int
+    context_tokens: int
+    seconds: float
+    def __init__(self, batch_size: _Optional[int] = ..., context_tokens: _Optional[int] = ..., seconds: _Optional[float] = ...) -> None: ...
+
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("instance_id", "sequence", "now_s", "role", "draining", "prefill", "decode", "memory", "events", "first_event_index", "num_dropped_events", "final")
+    __slots__ = ("instance_id", "sequence", "now_s", "role", "draining", "prefill", "decode", "memory", "events", "first_event_index", "num_dropped_events", "final", "prefill_samples", "decode_steps")
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     NOW_S_FIELD_NUMBER: _ClassVar[int]
@@ -377,6 +415,8 @@ class HeartbeatRequest(_message.Message):
     FIRST_EVENT_INDEX_FIELD_NUMBER: _ClassVar[int]
     NUM_DROPPED_EVENTS_FIELD_NUMBER: _ClassVar[int]
     FINAL_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    DECODE_STEPS_FIELD_NUMBER: _ClassVar[int]
     instance_id: str
     sequence: int
     now_s: float
@@ -389,7 +429,9 @@ class HeartbeatRequest(_message.Message):
     first_event_index: int
     num_dropped_events: int
     final: bool
-    def __init__(self, instance_id: _Optional[str] = ..., sequence: _Optional[int] = ..., now_s: _Optional[float] = ..., role: _Optional[_Union[Role, str]] = ..., draining: _Optional[bool] = ..., prefill: _Optional[_Union[PrefillLoad, _Mapping]] = ..., decode: _Optional[_Union[DecodeLoad, _Mapping]] = ..., memory: _Optional[_Union[Memory, _Mapping]] = ..., events: _Optional[_Iterable[_Union[KvEvent, _Mapping]]] = ..., first_event_index: _Optional[int] = ..., num_dropped_events: _Optional[int] = ..., final: _Optional[bool] = ...) -> None: ...
+    prefill_samples: _containers.RepeatedCompositeFieldContainer[PrefillSample]
+    decode_steps: _containers.RepeatedCompositeFieldContainer[DecodeStepSample]
+    def __init__(self, instance_id: _Optional[str] = ..., sequence: _Optional[int] = ..., now_s: _Optional[float] = ..., role: _Optional[_Union[Role, str]] = ..., draining: _Optional[bool] = ..., prefill: _Optional[_Union[PrefillLoad, _Mapping]] = ..., decode: _Optional[_Union[DecodeLoad, _Mapping]] = ..., memory: _Optional[_Union[Memory, _Mapping]] = ..., events: _Optional[_Iterable[_Union[KvEvent, _Mapping]]] = ..., first_event_index: _Optional[int] = ..., num_dropped_events: _Optional[int] = ..., final: _Optional[bool] = ..., prefill_samples: _Optional[_Iterable[_Union[PrefillSample, _Mapping]]] = ..., decode_steps: _Optional[_Iterable[_Union[DecodeStepSample, _Mapping]]] = ...) -> None: ...
 
 class HeartbeatReply(_message.Message):
     __slots__ = ("acknowledged", "rejoin", "message")

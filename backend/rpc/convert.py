@@ -7,7 +7,16 @@ converters that build dispatches take a mapping from instance id to data address
 
 from collections.abc import Iterable, Mapping, Sequence
 
-from backend.policy.effects import CachePlan, DispatchDecode, DispatchPrefill, Evict, FetchSpan
+from backend.policy.calibration import DecodeStepSample, PrefillSample
+from backend.policy.cost_model import DecodeFit
+from backend.policy.effects import (
+    ArrivalCheck,
+    CachePlan,
+    DispatchDecode,
+    DispatchPrefill,
+    Evict,
+    FetchSpan,
+)
 from backend.policy.effects import Replicate as ReplicateEffect
 from backend.policy.events import KvDemoted, KvEvicted, KvStored, Role
 from backend.policy.index import Tier
@@ -91,12 +100,36 @@ def dispatch_prefill_to_proto(
 def dispatch_decode_to_proto(
     effect: DispatchDecode, *, first_token: int, max_tokens: int
 ) -> pb.DispatchDecodeRequest:
+    """The decode dispatch, with its arrival check always present (an empty one: no check),
+    so the agent applies the Conductor's configuration, never its own."""
+    check = effect.arrival_check
     return pb.DispatchDecodeRequest(
         request_id=effect.request_id,
         num_context_tokens=effect.num_context_tokens,
         first_token=first_token,
         max_tokens=max_tokens,
+        arrival_check=pb.ArrivalCheck()
+        if check is None
+        else pb.ArrivalCheck(
+            tbt_slo_s=check.tbt_slo_s,
+            fixed_s=check.decode.fixed_s,
+            per_request_s=check.decode.per_request_s,
+            per_context_token_s=check.decode.per_context_token_s,
+        ),
     )
+
+
+def arrival_check_from_proto(message: pb.DispatchDecodeRequest) -> tuple[bool, ArrivalCheck | None]:
+    """(whether the dispatch decides the check, the check or None); ValueError when bad."""
+    if not message.HasField("arrival_check"):
+        return False, None
+    check = message.arrival_check
+    if check.tbt_slo_s == 0:
+        return True, None
+    if not check.tbt_slo_s > 0:
+        raise ValueError(f"the arrival check's TBT SLO must be positive, got {check.tbt_slo_s}")
+    fit = DecodeFit(check.fixed_s, check.per_request_s, check.per_context_token_s)
+    return True, ArrivalCheck(check.tbt_slo_s, fit)
 
 
 def replicate_to_proto(
@@ -252,6 +285,22 @@ def heartbeat_to_proto(heartbeat: Heartbeat) -> pb.HeartbeatRequest:
         first_event_index=heartbeat.first_event_index,
         num_dropped_events=heartbeat.num_dropped_events,
         final=heartbeat.is_final,
+        prefill_samples=[
+            pb.PrefillSample(
+                input_tokens=s.input_tokens,
+                cached_tokens=s.cached_tokens,
+                fetched_tokens=s.fetched_tokens,
+                seconds=s.seconds,
+                queue_s=s.queue_s,
+            )
+            for s in heartbeat.prefill_samples
+        ],
+        decode_steps=[
+            pb.DecodeStepSample(
+                batch_size=s.batch_size, context_tokens=s.context_tokens, seconds=s.seconds
+            )
+            for s in heartbeat.decode_steps
+        ],
     )
 
 
@@ -270,4 +319,20 @@ def heartbeat_from_proto(message: pb.HeartbeatRequest) -> Heartbeat:
         first_event_index=message.first_event_index,
         num_dropped_events=message.num_dropped_events,
         is_final=message.final,
+        # Stamped on arrival by the Conductor's clock (the agent's may differ).
+        prefill_samples=tuple(
+            PrefillSample(
+                time_s=message.now_s,
+                input_tokens=s.input_tokens,
+                cached_tokens=s.cached_tokens,
+                seconds=s.seconds,
+                queue_s=s.queue_s,
+                fetched_tokens=s.fetched_tokens,
+            )
+            for s in message.prefill_samples
+        ),
+        decode_steps=tuple(
+            DecodeStepSample(message.now_s, s.batch_size, s.context_tokens, s.seconds)
+            for s in message.decode_steps
+        ),
     )

@@ -6,6 +6,7 @@ agent builds them from its parts, the Conductor (and the test harness) reads the
 
 from dataclasses import dataclass
 
+from backend.policy.calibration import DecodeStepSample, PrefillSample
 from backend.policy.events import KvDemoted, KvEvicted, KvStored, Role
 
 KvEvent = KvStored | KvEvicted | KvDemoted
@@ -62,3 +63,6 @@ class Heartbeat:
     first_event_index: int = 0
     num_dropped_events: int = 0
     is_final: bool = False
+    # Measured since the last heartbeat, for the Conductor's calibration.
+    prefill_samples: tuple[PrefillSample, ...] = ()
+    decode_steps: tuple[DecodeStepSample, ...] = ()

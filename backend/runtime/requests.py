@@ -47,6 +47,8 @@ class RequestStream:
     num_fetched_tokens: int = 0
     dispatch: DispatchPrefill | None = None  # the prefill the core currently expects
     stage: str = "prefill"  # "decode" once its prefill finished
+    prefill_answered_s: float | None = None  # when the prefill agent answered
+    prefill_agent_s: float = 0.0  # the agent's own time in that call (queue included)
     _queue: "queue.Queue[object]" = field(default_factory=queue.Queue)
     _done: threading.Event = field(default_factory=threading.Event)
 

@@ -10,6 +10,7 @@ Time comes from an injected clock.
 
 import contextlib
 import dataclasses
+import itertools
 import logging
 import threading
 import time
@@ -21,12 +22,14 @@ from dataclasses import dataclass, field
 import grpc
 from sqlalchemy.orm import Session, sessionmaker
 
-from backend.db import cluster_log
+from backend.db import calibration_store, cluster_log
 from backend.db.records import LoadSample, RequestOutcome
 from backend.db.writer import RecordNotAccepted, RequestLogWriter
 from backend.metrics import ConductorMetrics
+from backend.observe.measures import gap_histogram
 from backend.policy import ConductorCore, CostModel, PolicyConfig, block_keys
 from backend.policy import events as ev
+from backend.policy.calibration import Calibrator, ServingSample
 from backend.policy.effects import (
     DispatchDecode,
     DispatchPrefill,
@@ -43,7 +46,6 @@ from backend.rpc.convert import (
     dispatch_decode_to_proto,
     dispatch_prefill_to_proto,
     evict_to_proto,
-    kv_events_from_proto,
     role_to_proto,
 )
 from backend.rpc.reports import AgentLoad, Heartbeat, Join
@@ -85,12 +87,15 @@ class ConductorRuntime:
         clock: Callable[[], float] = time.monotonic,
         session_factory: sessionmaker[Session] | None = None,
         grpc_address: str | None = None,
-        max_workers: int = 32,
         max_finished_requests: int = 10_000,
     ) -> None:
         assert settings.agent_secret is not None, "the runtime needs the agents' secret"
         self.config = settings.policy_config()
         self.core = ConductorCore(self.config, cost)
+        # The cost model refitted from what the agents measure (heartbeats) and what this
+        # runtime measures of the serving path; `calibrate` off: measured, never applied.
+        self.calibrator = Calibrator(cost, settings.calibration_config())
+        self.calibrate = settings.calibrate
         self.metrics: ConductorMetrics | None = None
         self.heartbeat_interval_s = settings.heartbeat_interval_s
         self.heartbeat_timeout_s = settings.heartbeat_timeout_s
@@ -121,11 +126,16 @@ class ConductorRuntime:
             if session_factory is not None
             else None
         )
-        self._pool = futures.ThreadPoolExecutor(max_workers, thread_name_prefix="runtime")
+        # One thread per request from dispatch to its last token: as many as admission lets
+        # be in flight (max_in_flight_requests), so the pool itself is never a hidden queue.
+        self._pool_size = self.config.max_in_flight_requests
+        self._pool = futures.ThreadPoolExecutor(self._pool_size, thread_name_prefix="runtime")
         self._server: grpc.Server | None = None
         self._stopping = threading.Event()
         self._monitor: threading.Thread | None = None
         self.port = 0
+        if session_factory is not None:
+            self._restore_calibration()
 
     # -- life ------------------------------------------------------------------------------
     @property
@@ -181,6 +191,11 @@ class ConductorRuntime:
         """Apply a new policy configuration to the running core (between two events)."""
         if config.block_size != self.config.block_size:
             raise ValueError("block_size cannot change while agents are joined with it")
+        if config.max_in_flight_requests > self._pool_size:
+            raise ValueError(
+                f"max_in_flight_requests can rise to {self._pool_size} (the limit this Conductor "
+                "started with) without a restart"
+            )
         with self._lock:
             self.core.reconfigure(config)
             self.config = config
@@ -197,6 +212,10 @@ class ConductorRuntime:
     def agents(self) -> dict[str, AgentInfo]:
         with self._lock:
             return dict(self._agents)
+
+    def agents_locked(self) -> list[AgentInfo]:
+        """The joined agents, for a caller holding `locked()`."""
+        return list(self._agents.values())
 
     def left(self) -> dict[str, str]:
         """Instances that left, and why."""
@@ -280,10 +299,67 @@ class ConductorRuntime:
             for event in heartbeat.events:
                 effects.extend(self.core.handle(dataclasses.replace(event, now_s=now_s)))
             after = self._apply(effects)
+            after.extend(self._measured(heartbeat, now_s))
         self._after(after)
         if heartbeat.is_final:
             self.leave(heartbeat.instance_id, "stopped")
         return True
+
+    def _measured(self, heartbeat: Heartbeat, now_s: float) -> list[Callable[[], None]]:
+        """Take the agent's measurements into the calibration window; refit when due (lock
+        held: the core believes the new model from the next event on). Returns the saving
+        of the new state, to do after the lock."""
+        calibrator = self.calibrator
+        calibrator.add_prefill(
+            dataclasses.replace(sample, time_s=now_s) for sample in heartbeat.prefill_samples
+        )
+        calibrator.add_decode(
+            dataclasses.replace(sample, time_s=now_s) for sample in heartbeat.decode_steps
+        )
+        if not (self.calibrate and calibrator.is_due(now_s)):
+            return []
+        before = self.core.cost
+        refit = calibrator.refit(now_s)
+        if refit.cost == before:
+            return []
+        self.core.recost(refit.cost)
+        logger.info(
+            "calibration: refitted %s (prefill %s, decode %s, serving %s)%s",
+            ", ".join(refit.updated) or "nothing",
+            refit.cost.prefill, refit.cost.decode, refit.cost.serving,
+            f"; {'; '.join(refit.notes)}" if refit.notes else "",
+        )  # fmt: skip
+        if self._sessions is None:
+            return []
+        state = calibrator.to_state()
+        return [lambda: self._save_calibration(state, now_s)]
+
+    def _save_calibration(self, state: dict, now_s: float) -> None:
+        try:
+            with self._sessions() as session:  # type: ignore[misc]
+                calibration_store.save_calibration(session=session, state=state, now_s=now_s)
+        except Exception:  # a failing database must not stop heartbeats
+            logger.exception("calibration: could not save the refitted model")
+
+    def _restore_calibration(self) -> None:
+        """Resume the calibration saved before a restart (its model and window)."""
+        assert self._sessions is not None
+        with self._sessions() as session:
+            saved = calibration_store.load_calibration(session=session)
+        if saved is None:
+            return
+        state, saved_s = saved
+        try:
+            self.calibrator.restore(state)
+        except ValueError as error:
+            logger.warning("calibration: the saved state is not usable (%s); starting over", error)
+            return
+        if self.calibrate:
+            self.core.recost(self.calibrator.cost)
+        logger.info(
+            "calibration: resumed the model saved at %.0f (%d refits before): %s",
+            saved_s, self.calibrator.num_refits, self.calibrator.cost.name,
+        )  # fmt: skip
 
     def check_heartbeats(self) -> list[str]:
         """Declare agents silent for longer than the timeout dead; returns their ids."""
@@ -510,8 +586,12 @@ class ConductorRuntime:
         if stream is None or stream.outcome is not None:
             return []
         tbt = stream.tbt_s()
+        times = stream.token_times_s
         stream.outcome = dataclasses.replace(
             outcome,
+            tbt_gap_histogram=gap_histogram(b - a for a, b in itertools.pairwise(times))
+            if len(times) > 1
+            else None,
             num_generated_tokens=len(stream.tokens),
             num_reused_tokens=stream.num_reused_tokens,
             num_transferred_tokens=stream.num_fetched_tokens,
@@ -536,12 +616,12 @@ class ConductorRuntime:
             logger.error("request log: a %s was not recorded: %s", kind, error)
 
     def _evict(self, stub: pb_grpc.AgentStub, effect: Evict) -> None:
+        # Its KV events reach the core on the heartbeat channel (the agent flushes them before
+        # answering); the copy in the answer is for drivers without heartbeats.
         try:
-            reply = stub.EvictBlocks(evict_to_proto(effect), metadata=self._metadata, timeout=10)
+            stub.EvictBlocks(evict_to_proto(effect), metadata=self._metadata, timeout=10)
         except grpc.RpcError as error:
             logger.warning("evict on %s failed: %s", effect.instance_id, error)
-            return
-        self._feed_kv(kv_events_from_proto(reply.events))
 
     def _feed(self, event: ev.Event) -> tuple[Effect, ...]:
         with self._lock:
@@ -549,16 +629,6 @@ class ConductorRuntime:
             after = self._apply(effects)
         self._after(after)
         return effects
-
-    def _feed_kv(self, events: Sequence[ev.KvStored | ev.KvEvicted | ev.KvDemoted]) -> None:
-        with self._lock:
-            now_s = self._clock()
-            effects: list[Effect] = []
-            for event in events:
-                if event.instance_id in self._agents:
-                    effects.extend(self.core.handle(dataclasses.replace(event, now_s=now_s)))
-            after = self._apply(effects)
-        self._after(after)
 
     # -- one request's life on the agents (a pool thread) -------------------------------------
     def _run(self, effect: DispatchPrefill, replicate: bool) -> None:
@@ -590,10 +660,10 @@ class ConductorRuntime:
         except grpc.RpcError as error:
             self._on_rpc_error(stream, prefill_id, error, "prefill")
             return
-        ttft_s = self._clock() - stream.arrival_s
+        stream.prefill_answered_s = self._clock()
+        stream.prefill_agent_s = reply.timings.total_s
         stream.num_reused_tokens = reply.num_reused_tokens
         stream.num_fetched_tokens = reply.num_fetched_tokens
-        self._feed_kv(kv_events_from_proto(reply.events))
         with self._lock:
             if stream.dispatch is not effect:
                 return
@@ -605,11 +675,9 @@ class ConductorRuntime:
         self._after(after)
         for decode in effects:
             if isinstance(decode, DispatchDecode) and decode.request_id == stream.request_id:
-                self._run_decode(stream, decode, reply.first_token, ttft_s)
+                self._run_decode(stream, decode, reply.first_token)
 
-    def _run_decode(
-        self, stream: RequestStream, effect: DispatchDecode, first_token: int, ttft_s: float
-    ) -> None:
+    def _run_decode(self, stream: RequestStream, effect: DispatchDecode, first_token: int) -> None:
         with self._lock:
             agent = self._agents.get(effect.instance_id)
         if agent is None:
@@ -625,7 +693,7 @@ class ConductorRuntime:
                 if stream.is_finished:
                     return  # failed meanwhile (its decode agent left)
                 if message.done:
-                    self._on_decode_done(stream, effect, message, ttft_s)
+                    self._on_decode_done(stream, effect, message)
                     return
                 if not started:
                     started = True
@@ -640,13 +708,10 @@ class ConductorRuntime:
         self._fail(stream, "decode stream ended without a terminal message", "decode")
 
     def _on_decode_done(
-        self,
-        stream: RequestStream,
-        effect: DispatchDecode,
-        message: pb.DecodeMessage,
-        ttft_s: float,
+        self, stream: RequestStream, effect: DispatchDecode, message: pb.DecodeMessage
     ) -> None:
         now_s = self._clock()
+        serving = None
         if message.status == "rejected":
             reason = message.reason or "decode_rejected"
             event: ev.Event = ev.DecodeRejected(
@@ -655,11 +720,35 @@ class ConductorRuntime:
             outcome = self._outcome("rejected", reason, message.stage or "decode")
         else:
             event = ev.DecodeFinished(now_s, stream.request_id)
+            # DESIGN.md's TTFT: arrival to the first token leaving the Conductor.
+            first_s = stream.token_times_s[0] if stream.token_times_s else now_s
+            ttft_s = first_s - stream.arrival_s
             outcome = dataclasses.replace(self._outcome("completed", None), ttft_s=ttft_s)
+            serving = self._serving_sample(stream, first_s, now_s)
         with self._lock:
             after = self._apply(self.core.handle(event))
             after.extend(self._end(stream.request_id, outcome))
+            if serving is not None:
+                self.calibrator.add_serving((serving,))
         self._after(after)
+
+    @staticmethod
+    def _serving_sample(
+        stream: RequestStream, first_s: float, now_s: float
+    ) -> ServingSample | None:
+        """What the serving path cost this completed request, beyond the agents' own work."""
+        if stream.prefill_answered_s is None:
+            return None
+        tbt = stream.tbt_s()
+        return ServingSample(
+            time_s=now_s,
+            dispatch_s=max(
+                0.0, stream.prefill_answered_s - stream.arrival_s - stream.prefill_agent_s
+            ),
+            first_token_s=max(0.0, first_s - stream.prefill_answered_s),
+            tbt_mean_s=tbt[0] if tbt else None,
+            num_gaps=max(0, len(stream.token_times_s) - 1),
+        )
 
     def _on_rpc_error(
         self, stream: RequestStream, instance_id: str, error: grpc.RpcError, stage: str

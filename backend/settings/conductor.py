@@ -26,6 +26,7 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from backend.policy.calibration import CalibrationConfig
 from backend.policy.config import (
     EvictionPolicy,
     PolicyConfig,
@@ -130,6 +131,7 @@ class ConductorSettings(BaseSettings):
     learn_decode_time: bool = _POLICY_DEFAULTS.learn_decode_time
     decode_time_window: int = Field(default=_POLICY_DEFAULTS.decode_time_window, gt=0)
     seed: int = _POLICY_DEFAULTS.seed
+    max_in_flight_requests: int = Field(default=_POLICY_DEFAULTS.max_in_flight_requests, gt=0)
 
     # Agents: the heartbeat interval the Conductor asks for, and the silence that declares
     # an agent dead (its blocks leave the index, its requests are re-routed or failed).
@@ -137,6 +139,16 @@ class ConductorSettings(BaseSettings):
     heartbeat_timeout_s: Seconds = 5.0
     # How often each instance's load is sampled into the database (the console's series).
     load_sample_interval_s: Seconds = 1.0
+
+    # Calibration (backend/policy/calibration.py): the cost model is refitted online from
+    # the prefills and decode steps the agents measure, over a rolling window, never from
+    # fewer points than these, moving at most this factor per refit. Off: the profile stays.
+    calibrate: bool = True
+    calibration_window_s: Seconds = 600.0
+    calibration_refit_interval_s: Seconds = 10.0
+    calibration_min_prefill_points: int = Field(default=20, ge=3)
+    calibration_min_decode_points: int = Field(default=50, ge=3)
+    calibration_max_change_factor: float = Field(default=2.0, gt=1, allow_inf_nan=False)
 
     # What the REST API serves: the model name clients must ask for, and the longest prompt
     # and output it accepts (longer ones get 400 before anything is admitted).
@@ -251,6 +263,15 @@ class ConductorSettings(BaseSettings):
             problems.append("agent_secret must differ from the admin token and every API key")
         return problems
 
+    def calibration_config(self) -> CalibrationConfig:
+        return CalibrationConfig(
+            window_s=self.calibration_window_s,
+            min_prefill_points=self.calibration_min_prefill_points,
+            min_decode_points=self.calibration_min_decode_points,
+            max_change_factor=self.calibration_max_change_factor,
+            refit_interval_s=self.calibration_refit_interval_s,
+        )
+
     def policy_config(self) -> PolicyConfig:
         """The policy core's narrow, frozen config: its knobs and nothing else."""
         return PolicyConfig(
@@ -265,4 +286,5 @@ class ConductorSettings(BaseSettings):
             learn_decode_time=self.learn_decode_time,
             decode_time_window=self.decode_time_window,
             seed=self.seed,
+            max_in_flight_requests=self.max_in_flight_requests,
         )

@@ -15,9 +15,11 @@ from backend.traces.loader import TRACE_BLOCK_SIZE, TraceRow
 from console import format as fmt
 from console import prediction as predictions
 from console.connection import BackendError, client, settings, show_error
+from console.settings import LIVE_TWIN_PROFILE
 from console.whatif import (
     ProposedChange,
     TraceProblem,
+    live_profile_file,
     live_twin_config,
     policy_changes,
     proposed_config,
@@ -206,7 +208,15 @@ backend = client()
 try:
     config_view = backend.config()
     agents = backend.agents()
-    current = live_twin_config(config_view["config"], agents, profile=settings().twin_profile)
+    profile = settings().twin_profile
+    if profile == LIVE_TWIN_PROFILE:  # what the Conductor fitted from its agents' measurements
+        profile = live_profile_file(backend.calibration()["profile"])
+    current = live_twin_config(config_view["config"], agents, profile=profile)
+    profile_label = (
+        "live (fitted from what the agents measured)"
+        if settings().twin_profile == LIVE_TWIN_PROFILE
+        else current.profile
+    )
 except BackendError as error:
     show_error(error, "cannot read the live cluster")
     st.stop()
@@ -218,7 +228,7 @@ st.caption(
     f"{current.scheduler}, threshold {fmt.number(current.threshold)}, {current.rejection}, "
     f"t_d {fmt.seconds(current.decode_time_s)}, SLOs TTFT {fmt.seconds(current.ttft_slo_s)} / "
     f"TBT {fmt.seconds(current.tbt_slo_s)}; configuration version {config_view['version']}; "
-    f"twin profile {current.profile}"
+    f"twin profile {profile_label}"
 )
 source = st.radio("Traffic to replay", (RECORDED, UPLOADED), horizontal=True, key="whatif_source")
 if source == RECORDED:

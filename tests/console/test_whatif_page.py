@@ -5,6 +5,7 @@ prediction in the audit log, where the page then compares it with what the clust
 
 import json
 import time
+from pathlib import Path
 
 from console import format as fmt
 from console.settings import DEFAULT_TWIN_PROFILE
@@ -24,7 +25,7 @@ def _run_whatif(app, threshold: float):
     return app
 
 
-def _twin_of_the_live_cluster(backend) -> TwinConfig:
+def _twin_of_the_live_cluster(backend, profile: str) -> TwinConfig:
     policy = backend.get("/v1/config")["config"]
     roles = [agent["role"] for agent in backend.get("/v1/agents")]
     return TwinConfig(
@@ -39,7 +40,7 @@ def _twin_of_the_live_cluster(backend) -> TwinConfig:
         decode_time_s=policy["decode_time_s"],
         learn_decode_time=policy["learn_decode_time"],
         seed=policy["seed"],
-        profile=str(DEFAULT_TWIN_PROFILE),
+        profile=profile,
         block_size=policy["block_size"],  # recorded windows export at the Conductor's
     )
 
@@ -64,8 +65,12 @@ def test_a_recorded_window_runs_current_vs_proposed_in_the_twin(app, backend):
     result = whatif["result"]
     assert result["trace"]["num_rows"] >= NUM_COMPLETED + NUM_REJECTED
     assert result["changed_settings"] == {"threshold": {"baseline": 2.0, "candidate": 4.0}}
-    # The same comparison, built here from the backend's own answers, gives the same numbers.
-    current = _twin_of_the_live_cluster(backend)
+    # The same comparison, built here from the backend's own answers, gives the same numbers:
+    # on the live profile the page fetched (GET /v1/calibration), saved as a file.
+    profile = result["reports"]["baseline"]["config"]["profile"]
+    saved = json.loads(Path(profile).read_text())
+    assert saved.keys() >= {"prefill_points", "decode_points", "serving", "believed"}
+    current = _twin_of_the_live_cluster(backend, profile)
     window = {key: whatif["trace"][key] for key in ("start_s", "end_s")}
     assert window["end_s"] - window["start_s"] == 600  # the default: the last 10 minutes
     text = backend.get_text("/v1/export/trace", **window, block_size=current.block_size)

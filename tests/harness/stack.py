@@ -53,7 +53,10 @@ def conductor_stack(
 def runtime_stack(
     settings: ConductorSettings, roles: Sequence[str], cost: CostModel
 ) -> Iterator[Stack]:
-    """A runtime without a database on `cost`, its app and agents."""
+    """A runtime without a database on `cost`, its app and agents. The model stays `cost`
+    (calibration measures but does not refit) unless the settings turn `calibrate` on."""
+    if "calibrate" not in settings.model_fields_set:
+        settings = settings.model_copy(update={"calibrate": False})
     runtime = ConductorRuntime(settings, cost, grpc_address="127.0.0.1:0").start()
     try:
         app = create_app(settings, runtime=runtime)

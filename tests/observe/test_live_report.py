@@ -1,10 +1,13 @@
 """The live report's definitions on hand-made records, number by number."""
 
+import dataclasses
+
+import numpy as np
 import pytest
 
 from backend.db.records import LoadSample, RequestOutcome, RequestRecord
 from backend.observe.live_report import build_live_report, default_interval_s
-from backend.observe.measures import oscillation
+from backend.observe.measures import gap_histogram, histogram_percentile, oscillation
 from backend.policy import PolicyConfig
 from tests.db.helpers import dispatch
 
@@ -64,7 +67,7 @@ def test_the_report_counts_outcomes_slos_cache_and_waste() -> None:
     assert report["rejected_by_reason"] == {"admission:ttft_slo": 1, "decode:tbt": 1}
     assert report["failed_by_reason"] == {"instance p0 lost": 1}
     assert report["ttft_p50_s"] == pytest.approx(1.75)  # linear between 0.5 and 3.0
-    assert report["tbt_p50_s"] == pytest.approx(0.05)
+    assert report["tbt_p50_s"] == pytest.approx(0.05, rel=0.005)  # the gap histogram's bins
     # One of five finished requests met both SLOs; goodput over the 5-s arrival span (as
     # the twin divides), not the 10-s window.
     assert report["slo_attainment"] == pytest.approx(1 / 5)
@@ -110,3 +113,22 @@ def test_oscillation_finds_the_period_of_an_anti_phase_square_wave() -> None:
     wave = ([1.0] * 3 + [0.0] * 3) * 6
     amplitude, period_s = oscillation(wave, interval_s=10.0)
     assert amplitude == 1.0 and period_s == 60.0
+
+
+def test_tbt_percentiles_are_over_every_gap_not_over_request_means() -> None:
+    """DESIGN.md: one sample per gap. A request of 3 gaps of 10 ms and 1 of 1 s has a mean
+    of 257.5 ms; over its gaps the median is 10 ms and the p90 1 s (the twin's definition)."""
+    gaps = gap_histogram([0.01, 0.01, 0.01, 1.0])
+    outcome = dataclasses.replace(_done(102.0, 0.5, 0.2575, tokens=5), tbt_gap_histogram=gaps)
+    report = build_live_report(
+        CONFIG, [_request("r", 100.0, outcome)], [], [], start_s=100.0, end_s=110.0, interval_s=5.0
+    )
+    assert report["tbt_p50_s"] == pytest.approx(0.01, rel=0.005)
+    assert report["tbt_p90_s"] == pytest.approx(1.0, rel=0.005)
+
+
+@pytest.mark.parametrize("q", [1, 10, 50, 90, 99])
+def test_the_gap_histogram_reads_percentiles_within_half_a_percent(q) -> None:
+    gaps = np.random.default_rng(3).lognormal(mean=-4, sigma=1.0, size=20_000)
+    exact = float(np.percentile(gaps, q))
+    assert histogram_percentile(gap_histogram(gaps), q) == pytest.approx(exact, rel=0.006)

@@ -27,7 +27,7 @@ from backend.policy import (
     Tier,
 )
 from backend.policy.decode_load import check_decode_arrival
-from backend.policy.effects import Evict
+from backend.policy.effects import ArrivalCheck, Evict
 
 from .helpers import linear_cost, make_core
 
@@ -42,7 +42,7 @@ def test_a_request_runs_its_whole_life_and_leaves_no_state() -> None:
     core.handle(PrefillStarted(0.1, "r", dispatch.instance_id))
     core.handle(KvStored(0.2, dispatch.instance_id, keys))
     (decode,) = core.handle(PrefillFinished(0.2, "r", dispatch.instance_id))
-    assert decode == DispatchDecode("r", "D1", 50)
+    assert decode == DispatchDecode("r", "D1", 50)  # rejection policy "none": no check
     core.handle(DecodeStarted(0.3, "r", "D1"))
     core.handle(DecodeStep(0.4, "r", 4))
     assert core.decode["D1"].decoding_context_tokens == 54
@@ -219,11 +219,10 @@ def test_kv_events_keep_the_index_and_the_replica_cap_trims_copies() -> None:
 )
 def test_local_decode_check(batch, context, new_context, capacity, expected) -> None:
     reason = check_decode_arrival(
-        linear_cost(),
+        ArrivalCheck(0.1, linear_cost().decode),
         batch_size=batch,
         context_tokens=context,
         new_context_tokens=new_context,
-        tbt_slo_s=0.1,
         kv_capacity_tokens=capacity,
     )
     assert reason == expected
@@ -237,3 +236,14 @@ def test_an_instance_that_lost_its_kv_events_is_forgotten_in_the_index() -> None
     assert core.index.num_blocks("P1") == 0 and core.index.num_replicas(1) == 1
     core.handle(KvStored(2.0, "P1", (3,)))  # re-learned as blocks are stored again
     assert core.index.num_blocks("P1") == 1
+
+
+def test_the_arrival_check_travels_with_the_dispatch_under_the_configuration_in_force() -> None:
+    core = make_core(CONFIG, linear_cost(), prefill=("P1",), decode=("D1",))
+    core.reconfigure(PolicyConfig(block_size=16, rejection_policy="early", tbt_slo_s=0.5))
+    core.handle(RequestArrived(0.0, "a", (1,), 20, 4))
+    core.handle(RequestArrived(0.0, "b", (2,), 20, 4, None, 0.25))  # its own TBT SLO
+    (to_decode,) = core.handle(PrefillFinished(0.1, "a", "P1"))
+    assert to_decode.arrival_check == ArrivalCheck(0.5, linear_cost().decode)
+    (to_decode,) = core.handle(PrefillFinished(0.2, "b", "P1"))
+    assert to_decode.arrival_check == ArrivalCheck(0.25, linear_cost().decode)

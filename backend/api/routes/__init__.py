@@ -6,7 +6,7 @@
 
 from fastapi import FastAPI
 
-from backend.api.routes import admin, live, native, observe, openai
+from backend.api.routes import admin, calibration, live, native, observe, openai
 from backend.api.routes.serving import (
     VOCAB_SIZE,
     Rejected,
@@ -57,6 +57,7 @@ def include_routes(
     app.include_router(admin.router)
     app.include_router(observe.router)
     app.include_router(live.router)
+    app.include_router(calibration.router)
 
 
 __all__ = ["default_limits", "include_routes"]

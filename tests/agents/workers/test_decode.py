@@ -1,5 +1,7 @@
 """Decode: exact greedy tokens, continuous batching, max_tokens, sampling and arrival checks."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -11,7 +13,8 @@ from agents.workers import (
     SamplingParams,
     sample,
 )
-from backend.policy.cost_model import CostModel, DecodeFit, LinkModel, PrefillFit
+from backend.policy.cost_model import DecodeFit
+from backend.policy.effects import ArrivalCheck
 from tests.agents.model.helpers import BLOCK_SIZE, prompt
 
 
@@ -116,21 +119,22 @@ def test_seeded_sampling_repeats_per_seed(tiny_model, prefill):
     assert run(1).output_tokens != run(2).output_tokens
 
 
-def cost_model(per_request_s):
-    return CostModel(
-        prefill=PrefillFit(0.0, 1e-4),
-        decode=DecodeFit(fixed_s=0.01, per_request_s=per_request_s, per_context_token_s=0.0),
-        link=LinkModel(1e9),
-        kv_bytes_per_token=2048,
-    )
+def arrival_check(per_request_s, tbt_slo_s):
+    return ArrivalCheck(tbt_slo_s, DecodeFit(0.01, per_request_s, per_context_token_s=0.0))
+
+
+def checked(request, check):
+    return dataclasses.replace(request, arrival_check=check)
 
 
 def test_arrival_check_rejects_when_predicted_tbt_exceeds_the_slo(tiny_model, prefill):
     outcomes = []
-    worker = DecodeWorker(
-        tiny_model, cost_model=cost_model(0.02), tbt_slo_s=0.05, on_finish=outcomes.append
-    )
-    requests = [make_request(prefill, f"r{i}", prompt(20, seed=i), max_tokens=3) for i in range(3)]
+    worker = DecodeWorker(tiny_model, on_finish=outcomes.append)
+    check = arrival_check(0.02, 0.05)
+    requests = [
+        checked(make_request(prefill, f"r{i}", prompt(20, seed=i), max_tokens=3), check)
+        for i in range(3)
+    ]
     # Predicted TBT with b requests: 0.01 + 0.02 b; the SLO of 0.05 s admits two.
     assert worker.submit(requests[0]) is None
     worker.step()
@@ -147,11 +151,17 @@ def test_arrival_check_rejects_when_predicted_tbt_exceeds_the_slo(tiny_model, pr
 
 
 def test_arrival_check_rejects_when_kv_capacity_would_overflow(tiny_model, prefill):
-    worker = DecodeWorker(
-        tiny_model, cost_model=cost_model(0.0), tbt_slo_s=1.0, kv_capacity_tokens=50
-    )
+    worker = DecodeWorker(tiny_model, kv_capacity_tokens=50)
+    check = arrival_check(0.0, 1.0)
+    assert worker.submit(checked(make_request(prefill, "a", prompt(30, seed=1), 2), check)) is None
+    second = checked(make_request(prefill, "b", prompt(30, seed=2), 2), check)
+    assert worker.submit(second) == "kv_capacity"
+
+
+def test_a_request_without_a_check_is_admitted_whatever_the_load(tiny_model, prefill):
+    worker = DecodeWorker(tiny_model, kv_capacity_tokens=50)
     assert worker.submit(make_request(prefill, "a", prompt(30, seed=1), 2)) is None
-    assert worker.submit(make_request(prefill, "b", prompt(30, seed=2), 2)) == "kv_capacity"
+    assert worker.submit(make_request(prefill, "b", prompt(30, seed=2), 2)) is None
 
 
 def test_bad_requests_are_refused(tiny_model, prefill):
@@ -162,5 +172,3 @@ def test_bad_requests_are_refused(tiny_model, prefill):
         worker.submit(request)
     with pytest.raises(ValueError, match="max_tokens"):
         DecodeRequest("x", request.kv, 0, max_tokens=0)
-    with pytest.raises(ValueError, match="both"):
-        DecodeWorker(tiny_model, tbt_slo_s=0.1)

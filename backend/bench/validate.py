@@ -1,0 +1,484 @@
+"""`kvcentric twin validate`: a window run live and in the twin, metric by metric.
+
+For each change (policy settings by their PolicyConfig names, `prefill`/`decode` for the
+split; `{}` is the base) it starts its own stack on this machine as `kvcentric up` does
+(Conductor on SQLite, `tiny` agents), replays the warm-up window (the calibration's data),
+takes the Conductor's calibration as of then (GET /v1/calibration: the live profile, with
+the model the policy believed), replays the measured window, exports it, predicts it with
+the twin on that profile and compares. The twin never sees what the window measured.
+"""
+
+import dataclasses
+import itertools
+import json
+import math
+import os
+import secrets
+import tempfile
+import time
+import urllib.parse
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from backend.cli.children import (
+    KVCENTRIC,
+    SECRET_BYTES,
+    Child,
+    free_port,
+    get_json,
+    stop_stack,
+    wait_for,
+)
+from backend.policy.config import PolicyConfig
+from backend.traces.loader import TraceRow, iter_trace
+
+# The metrics compared, in the report's names; the first ones carry the acceptance bounds.
+METRICS = (
+    "ttft_mean_s",
+    "ttft_p50_s",
+    "ttft_p90_s",
+    "ttft_p99_s",
+    "tbt_p50_s",
+    "tbt_p90_s",
+    "num_completed",
+    "num_rejected",
+    "cache_hit_ratio",
+    "goodput_rps",
+    "slo_attainment",
+    "num_replicated_blocks",
+)
+RANKED = ("ttft_mean_s", "goodput_rps")
+SPLIT_KEYS = ("prefill", "decode")
+POLICY_KEYS = tuple(f.name for f in dataclasses.fields(PolicyConfig))
+# Set by the validation itself, never by a change: the window's block size and the SLOs.
+FIXED_KEYS = ("block_size", "ttft_slo_s", "tbt_slo_s")
+
+OnStatus = Callable[[str, float], None]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ValidateSettings:
+    """What to replay and on which stack."""
+
+    trace: Path
+    warmup_minutes: str | None
+    minutes: str
+    speed: float
+    length_scale: float
+    block_size: int
+    num_prefill: int
+    num_decode: int
+    ttft_slo_s: float
+    tbt_slo_s: float
+    profile: str = "tiny-cpu"
+
+
+def parse_changes(text: str) -> list[dict[str, Any]]:
+    """The changes of `--changes` (a JSON list of objects; `{}` first is added when absent);
+    ValueError naming the bad change and key."""
+    try:
+        changes = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"--changes is not valid JSON: {error}") from None
+    if not isinstance(changes, list) or not all(isinstance(c, dict) for c in changes):
+        raise ValueError('--changes must be a JSON list of objects, e.g. [{}, {"prefill": 1}]')
+    if {} not in changes:
+        changes.insert(0, {})
+    for change in changes:
+        check_change(change)
+    return changes
+
+
+def check_change(change: Mapping[str, Any]) -> None:
+    """ValueError naming the change and what is wrong with it."""
+    shown = json.dumps(change)
+    for key in change:
+        if key in FIXED_KEYS:
+            raise ValueError(f"change {shown}: {key!r} is set by the validation, not a change")
+        if key not in POLICY_KEYS and key not in SPLIT_KEYS:
+            raise ValueError(
+                f"change {shown}: unknown setting {key!r}; use PolicyConfig names "
+                f"({', '.join(k for k in POLICY_KEYS if k not in FIXED_KEYS)}) or "
+                f"{' / '.join(SPLIT_KEYS)}"
+            )
+    for key in SPLIT_KEYS:
+        value = change.get(key, 1)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"change {shown}: {key!r} must be a whole number >= 1")
+    policy = {k: v for k, v in change.items() if k in POLICY_KEYS}
+    if isinstance(policy.get("kvcache_balancing_threshold"), str):
+        policy["kvcache_balancing_threshold"] = _number(policy["kvcache_balancing_threshold"])
+    try:
+        PolicyConfig(**policy)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"change {shown}: {error}") from None
+
+
+def _number(value: str) -> float:
+    try:
+        return float(value)
+    except ValueError:
+        raise ValueError(f"{value!r} is not a number") from None
+
+
+def env_of_change(change: Mapping[str, Any]) -> dict[str, str]:
+    """The Conductor's KVC_* variables that apply a change's policy settings."""
+    env = {}
+    for key, value in change.items():
+        if key in POLICY_KEYS:
+            text = "inf" if isinstance(value, float) and math.isinf(value) else value
+            env[f"KVC_{key.upper()}"] = json.dumps(text) if isinstance(text, bool) else str(text)
+    return env
+
+
+# -- one config, live --------------------------------------------------------------------------
+def run_live(
+    settings: ValidateSettings,
+    change: Mapping[str, Any],
+    work_dir: Path,
+    on_status: Callable[[str], None],
+) -> dict[str, Any]:
+    """Start a stack, replay warm-up then window; the live report, the exported window, the
+    calibration as of the end of warm-up and the policy in force."""
+    num_prefill = int(change.get("prefill", settings.num_prefill))
+    num_decode = int(change.get("decode", settings.num_decode))
+    api_key = secrets.token_urlsafe(SECRET_BYTES)
+    env = {
+        **os.environ,
+        "KVC_API_KEYS": f"validate:{api_key}",
+        "KVC_ADMIN_TOKEN": secrets.token_urlsafe(SECRET_BYTES),
+        "KVC_AGENT_SECRET": secrets.token_urlsafe(SECRET_BYTES),
+        "KVC_DATA_DIR": str(work_dir / "data"),
+        "KVC_API_KEY": api_key,
+        "KVC_BLOCK_SIZE": str(settings.block_size),
+        "KVC_TTFT_SLO_S": f"{settings.ttft_slo_s:.6f}",
+        "KVC_TBT_SLO_S": f"{settings.tbt_slo_s:.6f}",
+        **env_of_change(change),
+    }
+    logs = work_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    port, grpc_port = free_port("127.0.0.1"), free_port("127.0.0.1")
+    base_url = f"http://127.0.0.1:{port}"
+    children: list[Child] = []
+    try:
+        on_status(f"starting a conductor and {num_prefill}P+{num_decode}D tiny agents")
+        children.append(
+            Child(
+                "conductor",
+                [
+                    KVCENTRIC,
+                    "conductor",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(port),
+                    "--grpc-host",
+                    "127.0.0.1",
+                    "--grpc-port",
+                    str(grpc_port),
+                    "--profile",
+                    settings.profile,
+                ],
+                env,
+                logs / "conductor.log",
+                stdout_pipe=False,
+            )
+        )
+        wait_for("the conductor's /healthz", lambda: get_json(f"{base_url}/healthz"), children)
+        roles = ["prefill"] * num_prefill + ["decode"] * num_decode
+        counters = dict.fromkeys(("prefill", "decode"), 0)
+        for role in roles:
+            name = f"{role}-{counters[role]}"
+            counters[role] += 1
+            children.append(
+                Child(
+                    f"agent {name}",
+                    [
+                        KVCENTRIC,
+                        "agent",
+                        "--role",
+                        role,
+                        "--listen",
+                        "127.0.0.1:0",
+                        "--data-listen",
+                        "127.0.0.1:0",
+                        "--preset",
+                        "tiny",
+                        "--instance-id",
+                        name,
+                        "--block-size",
+                        str(settings.block_size),
+                        "--conductor",
+                        f"127.0.0.1:{grpc_port}",
+                    ],
+                    env,
+                    logs / f"agent-{name}.log",
+                    stdout_pipe=False,
+                )
+            )
+
+        def joined() -> bool:
+            agents = get_json(f"{base_url}/v1/agents", api_key)
+            return isinstance(agents, list) and len(agents) >= len(roles)
+
+        wait_for(f"{len(roles)} agents to join", joined, children)
+        if settings.warmup_minutes:
+            on_status(f"replaying the warm-up, minutes {settings.warmup_minutes}")
+            _replay(settings, settings.warmup_minutes, base_url, env, work_dir / "warmup", children)
+        calibration = _get(base_url, "/v1/calibration?max_points=0", api_key)
+        policy = _get(base_url, "/v1/config", api_key)
+        on_status(f"replaying the measured window, minutes {settings.minutes}")
+        start_s = time.time()
+        _replay(settings, settings.minutes, base_url, env, work_dir / "window", children)
+        end_s = time.time()
+        time.sleep(0.5)  # the last outcomes reach the database
+        query = urllib.parse.urlencode({"start_s": start_s, "end_s": end_s})
+        report = _get(base_url, f"/v1/report?{query}", api_key)
+        export = urllib.parse.urlencode(
+            {"start_s": start_s, "end_s": end_s, "block_size": settings.block_size}
+        )
+        rows_text = _get_text(base_url, f"/v1/export/trace?{export}", api_key)
+        calibration_after = _get(base_url, "/v1/calibration?max_points=0", api_key)
+    finally:
+        stop_stack(None, children)
+    return {
+        "ttfts_s": _recorded_ttfts(work_dir / "data", start_s, end_s),
+        "report": report,
+        "trace": rows_text,
+        "calibration": calibration,
+        "calibration_after": calibration_after,
+        "policy": policy,
+        "split": (num_prefill, num_decode),
+    }
+
+
+def _recorded_ttfts(data_dir: Path, start_s: float, end_s: float) -> list[float]:
+    """Every completed request's TTFT in the window, as the Conductor recorded it."""
+    from backend.db.request_log import list_requests
+    from backend.db.session import create_db_engine, create_session_factory
+
+    engine = create_db_engine(f"sqlite:///{(data_dir / 'kvcentric.db').as_posix()}")
+    try:
+        with create_session_factory(engine)() as session:
+            requests = list_requests(session=session, start_s=start_s, end_s=end_s)
+    finally:
+        engine.dispose()
+    return sorted(
+        r.outcome.ttft_s
+        for r in requests
+        if r.outcome is not None and r.outcome.state == "completed" and r.outcome.ttft_s
+    )
+
+
+def _replay(
+    settings: ValidateSettings,
+    minutes: str,
+    base_url: str,
+    env: dict[str, str],
+    out: Path,
+    children: list[Child],
+) -> None:
+    replay = Child(
+        "replay",
+        [
+            KVCENTRIC,
+            "replay",
+            "--url",
+            base_url,
+            "--trace",
+            str(settings.trace),
+            "--minutes",
+            minutes,
+            "--length-scale",
+            str(settings.length_scale),
+            "--speed",
+            str(settings.speed),
+            "--out",
+            str(out.with_suffix(".jsonl")),
+        ],
+        env,
+        out.with_suffix(".log"),
+        stdout_pipe=False,
+    )
+    while replay.process.poll() is None:
+        for child in children:
+            child.check_alive()
+        time.sleep(0.5)
+    replay.wait()
+    if replay.process.returncode != 0:
+        raise RuntimeError(f"the replay of minutes {minutes} failed; see {replay.log}")
+
+
+def _get(base_url: str, path: str, api_key: str) -> Any:
+    value = get_json(f"{base_url}{path}", api_key)
+    if value is None:
+        raise RuntimeError(f"GET {path} did not answer")
+    return value
+
+
+def _get_text(base_url: str, path: str, api_key: str) -> str:
+    import urllib.request
+
+    request = urllib.request.Request(
+        f"{base_url}{path}", headers={"Authorization": f"Bearer {api_key}"}
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return response.read().decode()
+
+
+# -- the twin's prediction -------------------------------------------------------------------
+def predict(live: Mapping[str, Any], block_size: int, work_dir: Path) -> dict[str, Any]:
+    """The twin's report of the exported window on the live profile of the end of warm-up."""
+    from twin.config import TwinConfig
+    from twin.run import simulate
+
+    rows = _rows(live["trace"], block_size, work_dir)
+    if not rows:
+        raise ValueError("the measured window recorded no request; replay a longer window")
+    profile_path = work_dir / "live-profile.json"
+    profile_path.write_text(json.dumps(live["calibration"]["profile"]))
+    policy = live["policy"]["config"]
+    num_prefill, num_decode = live["split"]
+    config = TwinConfig(
+        num_prefill=num_prefill,
+        num_decode=num_decode,
+        scheduler=policy["prefill_scheduler"],
+        rejection=policy["rejection_policy"],
+        threshold=float(policy["kvcache_balancing_threshold"]),
+        eviction=policy["eviction_policy"],
+        ttft_slo_s=float(policy["ttft_slo_s"]),
+        tbt_slo_s=float(policy["tbt_slo_s"]),
+        decode_time_s=float(policy["decode_time_s"]),
+        learn_decode_time=bool(policy["learn_decode_time"]),
+        seed=int(policy.get("seed", 0)),
+        profile=str(profile_path),
+        block_size=block_size,
+        series_interval_s=max(1.0, float(live["report"].get("interval_s") or 1.0)),
+    )
+    return simulate(config, rows, trace_label="recorded window")
+
+
+def _rows(text: str, block_size: int, work_dir: Path) -> list[TraceRow]:
+    path = work_dir / "window.jsonl"
+    path.write_text(text)
+    return list(iter_trace(path, block_size))
+
+
+# -- comparing ---------------------------------------------------------------------------------
+def compare_metrics(live: Mapping[str, Any], twin: Mapping[str, Any]) -> dict[str, Any]:
+    """{metric: {"live": x, "twin": y, "rel_err": (y - x) / |x|}} (rel_err None when x is 0)."""
+    compared = {}
+    for name in METRICS:
+        x, y = live.get(name), twin.get(name)
+        rel_err = (y - x) / abs(x) if x not in (None, 0) and y is not None else None
+        compared[name] = {"live": x, "twin": y, "rel_err": rel_err}
+    return compared
+
+
+def kendall_tau(xs: Sequence[float | None], ys: Sequence[float | None]) -> float | None:
+    """Kendall's tau-b of two rankings (pairs with a missing value are left out)."""
+    pairs = [(x, y) for x, y in zip(xs, ys, strict=True) if x is not None and y is not None]
+    concordant = discordant = ties_x = ties_y = 0
+    for (x1, y1), (x2, y2) in itertools.combinations(pairs, 2):
+        dx, dy = x1 - x2, y1 - y2
+        if dx == 0 and dy == 0:
+            continue
+        if dx == 0:
+            ties_x += 1
+        elif dy == 0:
+            ties_y += 1
+        elif (dx > 0) == (dy > 0):
+            concordant += 1
+        else:
+            discordant += 1
+    n = concordant + discordant
+    denominator = math.sqrt((n + ties_x) * (n + ties_y))
+    return (concordant - discordant) / denominator if denominator else None
+
+
+def directions(configs: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+    """How often the twin moves a metric the way live moved it from the base config."""
+    base = configs[0]["metrics"]
+    right = total = 0
+    for config in configs[1:]:
+        for name in METRICS:
+            live_base, twin_base = base[name]["live"], base[name]["twin"]
+            live, twin = config["metrics"][name]["live"], config["metrics"][name]["twin"]
+            if None in (live_base, twin_base, live, twin) or live == live_base:
+                continue
+            total += 1
+            right += (live > live_base) == (twin > twin_base) and twin != twin_base
+    return {"right": right, "total": total}
+
+
+def validate(
+    settings: ValidateSettings,
+    changes: Sequence[Mapping[str, Any]],
+    *,
+    out: Path | None = None,
+    on_status: OnStatus | None = None,
+) -> dict[str, Any]:
+    """Run every change live and in the twin; the result object `--json` prints."""
+    configs = []
+    raw = []
+    with tempfile.TemporaryDirectory(prefix="kvc-validate-") as folder:
+        for index, change in enumerate(changes):
+
+            def status(text: str, i: int = index, shown: str = json.dumps(change)) -> None:
+                if on_status is not None:
+                    on_status(f"config {i + 1}/{len(changes)} {shown}: {text}", i)
+
+            work_dir = Path(folder) / f"config-{index}"
+            live = run_live(settings, change, work_dir, status)
+            status("predicting the window with the twin")
+            twin = predict(live, settings.block_size, work_dir)
+            if not live["report"].get("num_completed"):
+                raise ValueError(
+                    f"change {json.dumps(change)}: no request completed in the measured "
+                    "window live; nothing to compare (replay a longer window or slower)"
+                )
+            configs.append(
+                {"change": dict(change), "metrics": compare_metrics(live["report"], twin)}
+            )
+            raw.append({"change": dict(change), "live": live, "twin": twin})
+    result = {
+        "settings": {
+            **{k: v for k, v in dataclasses.asdict(settings).items() if k != "trace"},
+            "trace": str(settings.trace),
+        },
+        "configs": configs,
+        "kendall_tau": {
+            name: kendall_tau(
+                [c["metrics"][name]["live"] for c in configs],
+                [c["metrics"][name]["twin"] for c in configs],
+            )
+            for name in RANKED
+        },
+        "directions": directions(configs),
+    }
+    if out is not None:
+        write_outputs(result, raw, out)
+    return result
+
+
+def write_outputs(result: Mapping[str, Any], raw: Sequence[Mapping[str, Any]], out: Path) -> None:
+    """result.json, the raw live and twin reports, and validate.html (plotly)."""
+    from backend.bench.validate_plots import validate_figure
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "result.json").write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+    for index, entry in enumerate(raw):
+        folder = out / f"config-{index}"
+        folder.mkdir(exist_ok=True)
+        (folder / "change.json").write_text(json.dumps(entry["change"]) + "\n")
+        (folder / "live-report.json").write_text(json.dumps(entry["live"]["report"], indent=1))
+        (folder / "twin-report.json").write_text(json.dumps(entry["twin"], indent=1, default=str))
+        (folder / "window.jsonl").write_text(entry["live"]["trace"])
+        (folder / "live-profile.json").write_text(
+            json.dumps(entry["live"]["calibration"]["profile"], indent=1)
+        )
+        (folder / "calibration-after.json").write_text(
+            json.dumps(entry["live"]["calibration_after"], indent=1)
+        )
+    validate_figure(result, raw).write_html(out / "validate.html", include_plotlyjs="cdn")

@@ -1,0 +1,92 @@
+"""The live cluster as a twin profile: what a what-if replays a recorded window on.
+
+A `kvcentric-profile/1` dict the twin reads like any measured profile: prefill and decode
+points on a grid, taken from the robust fit of the calibration window's measurements (the
+twin's ground truth, fitted afresh and unbounded), the serving path's own costs, the
+joined agents' capacities, and in `believed` the cost model the Conductor's policy ran with
+(its calibrated model, bounded per refit), so the twin's policy believes what live did.
+"""
+
+from collections.abc import Sequence
+from typing import Any
+
+from backend.policy.calibration import Calibrator
+from backend.policy.cost_model import PROFILE_FORMAT, DecodeFit, PrefillFit, fit_decode, fit_prefill
+from backend.rpc.reports import Join
+
+CACHED_FRACTIONS = (0.0, 0.25, 0.5, 0.75, 0.9)
+BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
+CONTEXT_PER_REQUEST_TOKENS = (16, 64, 256, 1024, 4096)
+
+
+def live_profile(
+    calibrator: Calibrator, agents: Sequence[Join], *, name: str = "live"
+) -> dict[str, Any]:
+    """The profile of the cluster the calibration window measured; see the module docstring."""
+    believed = calibrator.cost
+    prefill, prefill_source = _window_prefill(calibrator)
+    decode, decode_source = _window_decode(calibrator)
+    largest_input = max((s.input_tokens for s in calibrator.prefill), default=4096)
+    inputs = sorted({max(16, round(largest_input * 2 * 0.5**k)) for k in range(9)})
+    prefill_points = [
+        {"input_tokens": n, "cached_tokens": cached, "seconds": prefill.time_s(n, cached)}
+        for n in inputs
+        for cached in sorted({int(n * f) for f in CACHED_FRACTIONS})
+    ]
+    decode_points = [
+        {"batch_size": b, "context_tokens": b * c, "seconds": decode.step_s(b, b * c)}
+        for b in BATCH_SIZES
+        for c in CONTEXT_PER_REQUEST_TOKENS
+    ]
+    prefill_agents = [a for a in agents if a.role == "prefill"] or list(agents)
+    decode_agents = [a for a in agents if a.role == "decode"] or list(agents)
+    link = believed.link
+    return {
+        "format": PROFILE_FORMAT,
+        "name": name,
+        "kv_bytes_per_token": believed.kv_bytes_per_token,
+        "instance": {
+            "dram_capacity_bytes": min((a.dram_capacity_bytes for a in prefill_agents), default=0),
+            "ssd_capacity_bytes": min((a.ssd_capacity_bytes for a in prefill_agents), default=0),
+            "decode_kv_capacity_tokens": min(
+                (a.kv_capacity_tokens for a in decode_agents), default=0
+            ),
+        },
+        "link": {"bandwidth_bytes_per_s": link.bandwidth_bytes_per_s, "latency_s": link.latency_s},
+        "prefill_points": prefill_points,
+        "decode_points": decode_points,
+        "serving": _serving(calibrator),
+        "believed": believed.to_profile(),
+        "measured_from": {
+            "prefill": prefill_source,
+            "decode": decode_source,
+            "num_prefill_samples": len(calibrator.prefill),
+            "num_decode_samples": len(calibrator.decode),
+            "num_serving_samples": len(calibrator.serving),
+        },
+    }
+
+
+def _window_prefill(calibrator: Calibrator) -> tuple[PrefillFit, str]:
+    samples = calibrator.prefill
+    if len(samples) < calibrator.config.min_prefill_points:
+        return calibrator.cost.prefill, "believed model (too few measurements)"
+    points = [(s.input_tokens, s.cached_tokens, s.seconds) for s in samples]
+    return fit_prefill(points, robust=True), "window fit"
+
+
+def _window_decode(calibrator: Calibrator) -> tuple[DecodeFit, str]:
+    samples = calibrator.decode
+    if len(samples) < calibrator.config.min_decode_points:
+        return calibrator.cost.decode, "believed model (too few measurements)"
+    points = [(s.batch_size, s.context_tokens, s.seconds) for s in samples]
+    return fit_decode(points, robust=True), "window fit"
+
+
+def _serving(calibrator: Calibrator) -> dict[str, float]:
+    serving = calibrator.cost.serving
+    return {
+        "dispatch_s": serving.dispatch_s,
+        "first_token_s": serving.first_token_s,
+        "per_token_s": serving.per_token_s,
+    }

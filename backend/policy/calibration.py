@@ -1,0 +1,284 @@
+"""Calibration: the cost model refitted online from what the live agents measured.
+
+Owns the rolling window of measurements (every prefill, every decode step, every request's
+serving-path costs) and the rules of a refit: never from too few points, robust to outliers,
+a bounded change per refit. Pure like the rest of the policy: times arrive as `time_s` and
+`now_s`; the runtime feeds it, applies the new model and logs the verdicts.
+"""
+
+import math
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from backend.policy.cost_model import (
+    CostModel,
+    DecodeFit,
+    PrefillFit,
+    ServingFit,
+    fit_decode,
+    fit_prefill,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillSample:
+    """One prefill as its agent measured it. `seconds` is the agent's occupancy: from taking
+    its prefill worker to letting it go (loads, fetch, compute, stores, KV hand-off), which is
+    what requests queued behind it wait for."""
+
+    time_s: float
+    input_tokens: int
+    cached_tokens: int
+    seconds: float
+    queue_s: float = 0.0
+    fetched_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeStepSample:
+    """One continuous-batching iteration: batch size, KV tokens of the batch, seconds."""
+
+    time_s: float
+    batch_size: int
+    context_tokens: int
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class ServingSample:
+    """One completed request's serving-path costs, measured by the Conductor.
+
+    `dispatch_s`: arrival to the prefill agent's answer minus the agent's own time in it;
+    `first_token_s`: the agent's answer to the first token leaving the Conductor;
+    `tbt_mean_s` over `num_gaps` streamed gaps (per-token streaming is what it adds to the
+    agents' step times)."""
+
+    time_s: float
+    dispatch_s: float
+    first_token_s: float
+    tbt_mean_s: float | None = None
+    num_gaps: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class CalibrationConfig:
+    """When a refit may happen and how far it may move the model."""
+
+    window_s: float = 600.0
+    max_samples: int = 4096  # per kind; the oldest go first
+    min_prefill_points: int = 20
+    min_decode_points: int = 50
+    min_serving_points: int = 10
+    # A refit moves the median prediction over the window by at most this factor.
+    max_change_factor: float = 2.0
+    refit_interval_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if not (self.window_s > 0 and self.refit_interval_s >= 0 and self.max_samples > 0):
+            raise ValueError("window_s, max_samples must be positive, refit_interval_s >= 0")
+        if not self.max_change_factor > 1.0:
+            raise ValueError(f"max_change_factor must exceed 1, got {self.max_change_factor}")
+        for name in ("min_prefill_points", "min_decode_points", "min_serving_points"):
+            if getattr(self, name) < 3:
+                raise ValueError(f"{name} must be at least 3 (a fit has three terms)")
+
+
+@dataclass(frozen=True, slots=True)
+class Refit:
+    """What a refit did: the model now believed, the parts it updated, and why others stayed."""
+
+    cost: CostModel
+    updated: tuple[str, ...]
+    notes: tuple[str, ...]
+
+
+class Calibrator:
+    """The rolling window and the model fitted from it; see the module docstring."""
+
+    def __init__(self, base: CostModel, config: CalibrationConfig = CalibrationConfig()) -> None:
+        self.base = base
+        self.cost = base
+        self.config = config
+        self.prefill: deque[PrefillSample] = deque(maxlen=config.max_samples)
+        self.decode: deque[DecodeStepSample] = deque(maxlen=config.max_samples)
+        self.serving: deque[ServingSample] = deque(maxlen=config.max_samples)
+        self.last_refit_s = -math.inf
+        self.num_refits = 0
+        self.last_refit: Refit | None = None
+
+    # -- the window -------------------------------------------------------------------------
+    def add_prefill(self, samples: Iterable[PrefillSample]) -> None:
+        self.prefill.extend(samples)
+
+    def add_decode(self, samples: Iterable[DecodeStepSample]) -> None:
+        self.decode.extend(samples)
+
+    def add_serving(self, samples: Iterable[ServingSample]) -> None:
+        self.serving.extend(samples)
+
+    def is_due(self, now_s: float) -> bool:
+        return now_s - self.last_refit_s >= self.config.refit_interval_s
+
+    def _trim(self, now_s: float) -> None:
+        oldest_s = now_s - self.config.window_s
+        for window in (self.prefill, self.decode, self.serving):
+            if any(sample.time_s < oldest_s for sample in window):
+                kept = [sample for sample in window if sample.time_s >= oldest_s]
+                window.clear()
+                window.extend(kept)
+
+    # -- refits -----------------------------------------------------------------------------
+    def refit(self, now_s: float) -> Refit:
+        """Refit each part with enough points in the window; the others keep their fit."""
+        self._trim(now_s)
+        self.last_refit_s = now_s
+        config, cost = self.config, self.cost
+        updated: list[str] = []
+        notes: list[str] = []
+        prefill, decode, serving = cost.prefill, cost.decode, cost.serving
+        if len(self.prefill) < config.min_prefill_points:
+            notes.append(_too_few("prefill", len(self.prefill), config.min_prefill_points))
+        else:
+            points = [(s.input_tokens, s.cached_tokens, s.seconds) for s in self.prefill]
+            fitted = fit_prefill(points, robust=True)
+            prefill = _bounded(prefill, fitted, points, _prefill_s, config.max_change_factor)
+            updated.append("prefill")
+        if len(self.decode) < config.min_decode_points:
+            notes.append(_too_few("decode", len(self.decode), config.min_decode_points))
+        else:
+            points = [(s.batch_size, s.context_tokens, s.seconds) for s in self.decode]
+            fitted_decode = fit_decode(points, robust=True)
+            decode = _bounded(decode, fitted_decode, points, _step_s, config.max_change_factor)
+            updated.append("decode")
+        if len(self.serving) < config.min_serving_points:
+            notes.append(_too_few("serving", len(self.serving), config.min_serving_points))
+        else:
+            serving = self._serving_fit()
+            updated.append("serving")
+        self.cost = replace(cost, prefill=prefill, decode=decode, serving=serving)
+        if updated and not self.cost.name.startswith("calibrated-"):
+            self.cost = replace(self.cost, name=f"calibrated-{cost.name}")
+        self.num_refits += 1
+        self.last_refit = Refit(self.cost, tuple(updated), tuple(notes))
+        return self.last_refit
+
+    def _serving_fit(self) -> ServingFit:
+        """Medians of the per-request costs; per token: the mean streamed gap beyond the mean
+        decode step of the same window."""
+        dispatch_s = float(np.median([s.dispatch_s for s in self.serving]))
+        first_token_s = float(np.median([s.first_token_s for s in self.serving]))
+        gaps = [(s.tbt_mean_s, s.num_gaps) for s in self.serving if s.tbt_mean_s and s.num_gaps]
+        per_token_s = 0.0
+        if gaps and self.decode:
+            mean_gap_s = sum(g * n for g, n in gaps) / sum(n for _, n in gaps)
+            # Per token, as the gaps are: a step of batch b gives b gaps.
+            steps = [(s.seconds, s.batch_size) for s in self.decode if s.batch_size > 0]
+            mean_step_s = sum(t * b for t, b in steps) / max(1, sum(b for _, b in steps))
+            per_token_s = max(0.0, mean_gap_s - mean_step_s)
+        return ServingFit(
+            dispatch_s=max(0.0, dispatch_s),
+            first_token_s=max(0.0, first_token_s),
+            per_token_s=per_token_s,
+        )
+
+    # -- what it shows ------------------------------------------------------------------------
+    def residuals(self, cost: CostModel | None = None) -> dict[str, Any]:
+        """Believed vs measured seconds of every prefill and decode step in the window, with
+        the median relative error of each kind (for GET /v1/calibration and its plot)."""
+        cost = cost or self.cost
+        prefill = [
+            {
+                "input_tokens": s.input_tokens,
+                "cached_tokens": s.cached_tokens,
+                "measured_s": s.seconds,
+                "believed_s": cost.prefill_time_s(s.input_tokens, s.cached_tokens),
+            }
+            for s in self.prefill
+        ]
+        decode = [
+            {
+                "batch_size": s.batch_size,
+                "context_tokens": s.context_tokens,
+                "measured_s": s.seconds,
+                "believed_s": cost.decode_step_time_s(s.batch_size, s.context_tokens),
+            }
+            for s in self.decode
+        ]
+        return {
+            "prefill": prefill,
+            "decode": decode,
+            "prefill_median_rel_err": _median_rel_err(prefill),
+            "decode_median_rel_err": _median_rel_err(decode),
+        }
+
+    def to_state(self) -> dict[str, Any]:
+        """JSON-ready window and model, so a restarted Conductor resumes where it was."""
+        return {
+            "cost": self.cost.to_profile(),
+            "num_refits": self.num_refits,
+            "prefill": [asdict(s) for s in self.prefill],
+            "decode": [asdict(s) for s in self.decode],
+            "serving": [asdict(s) for s in self.serving],
+        }
+
+    def restore(self, state: Mapping[str, Any]) -> None:
+        """Take back a `to_state()`; ValueError (and nothing changed) when it is malformed."""
+        try:
+            cost = CostModel.from_profile(state["cost"])
+            prefill = [PrefillSample(**s) for s in state.get("prefill", [])]
+            decode = [DecodeStepSample(**s) for s in state.get("decode", [])]
+            serving = [ServingSample(**s) for s in state.get("serving", [])]
+            num_refits = int(state.get("num_refits", 0))
+        except (KeyError, TypeError) as error:
+            raise ValueError(f"calibration state is malformed: {error}") from None
+        self.cost = cost
+        self.num_refits = num_refits
+        self.prefill.clear()
+        self.prefill.extend(prefill)
+        self.decode.clear()
+        self.decode.extend(decode)
+        self.serving.clear()
+        self.serving.extend(serving)
+
+
+def _too_few(kind: str, have: int, need: int) -> str:
+    return f"{kind}: {have} point(s) in the window, {need} needed; the fit is kept"
+
+
+def _prefill_s(fit: PrefillFit, point: tuple[int, int, float]) -> float:
+    return fit.time_s(point[0], point[1])
+
+
+def _step_s(fit: DecodeFit, point: tuple[int, int, float]) -> float:
+    return fit.step_s(point[0], point[1])
+
+
+def _bounded(old, new, points, predict, factor: float):  # type: ignore[no-untyped-def]
+    """`new`, or the blend of old and new whose median prediction over `points` moved by
+    about `factor` when `new` would move it further (one refit cannot swing admission)."""
+    old_s = np.array([predict(old, p) for p in points])
+    new_s = np.array([predict(new, p) for p in points])
+    if not (old_s > 0).all():
+        return new
+    ratio = float(np.median(new_s / old_s))
+    if 1.0 / factor <= ratio <= factor:
+        return new
+    bound = factor if ratio > factor else 1.0 / factor
+    alpha = (bound - 1.0) / (ratio - 1.0)
+    old_fields, new_fields = asdict(old), asdict(new)
+    return type(old)(
+        **{k: old_fields[k] + alpha * (new_fields[k] - old_fields[k]) for k in old_fields}
+    )
+
+
+def _median_rel_err(rows: list[dict[str, Any]]) -> float | None:
+    errors = [
+        abs(r["believed_s"] - r["measured_s"]) / r["measured_s"]
+        for r in rows
+        if r["measured_s"] > 0
+    ]
+    return float(np.median(errors)) if errors else None

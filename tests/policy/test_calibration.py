@@ -1,0 +1,110 @@
+"""Calibration on hand-made measurements: too few points, outliers, bounded change, restart."""
+
+import numpy as np
+import pytest
+
+from backend.policy.calibration import (
+    CalibrationConfig,
+    Calibrator,
+    DecodeStepSample,
+    PrefillSample,
+    ServingSample,
+)
+from backend.policy.cost_model import CostModel, DecodeFit, LinkModel, PrefillFit
+
+BASE = CostModel(
+    prefill=PrefillFit(fixed_s=0.001, per_token_s=1e-5),
+    decode=DecodeFit(fixed_s=0.002, per_request_s=1e-4, per_context_token_s=0.0),
+    link=LinkModel(1e9),
+    kv_bytes_per_token=2048,
+)
+# What the "cluster" really does: three times slower prefill, a costlier decode step.
+TRUE_PREFILL = PrefillFit(fixed_s=0.004, per_token_s=3e-5)
+TRUE_DECODE = DecodeFit(fixed_s=0.006, per_request_s=3e-4, per_context_token_s=1e-7)
+FREE = CalibrationConfig(max_change_factor=1e6, refit_interval_s=0.0)
+
+
+def measured(num: int, *, seed: int = 0, outliers: int = 0, t_s: float = 0.0):
+    rng = np.random.default_rng(seed)
+    prefill, decode = [], []
+    for i in range(num):
+        n = int(rng.integers(16, 2000))
+        cached = int(rng.integers(0, n // 16)) * 16
+        seconds = TRUE_PREFILL.time_s(n, cached) * rng.normal(1.0, 0.02)
+        prefill.append(PrefillSample(t_s, n, cached, seconds * (20 if i < outliers else 1)))
+        batch, context = int(rng.integers(1, 64)), int(rng.integers(10, 20_000))
+        step_s = TRUE_DECODE.step_s(batch, context) * rng.normal(1.0, 0.02)
+        decode.append(DecodeStepSample(t_s, batch, context, step_s * (20 if i < outliers else 1)))
+    return prefill, decode
+
+
+def test_too_few_points_keep_the_model_and_say_so() -> None:
+    calibrator = Calibrator(BASE, FREE)
+    prefill, decode = measured(5)
+    calibrator.add_prefill(prefill)
+    calibrator.add_decode(decode)
+    refit = calibrator.refit(1.0)
+    assert refit.cost == BASE and refit.updated == ()
+    assert refit.notes == (
+        "prefill: 5 point(s) in the window, 20 needed; the fit is kept",
+        "decode: 5 point(s) in the window, 50 needed; the fit is kept",
+        "serving: 0 point(s) in the window, 10 needed; the fit is kept",
+    )
+
+
+def test_it_converges_on_the_measured_times_despite_outliers() -> None:
+    calibrator = Calibrator(BASE, FREE)
+    prefill, decode = measured(400, outliers=20)
+    calibrator.add_prefill(prefill)
+    calibrator.add_decode(decode)
+    refit = calibrator.refit(1.0)
+    assert refit.updated == ("prefill", "decode")
+    for n, cached in ((100, 0), (1000, 512), (2000, 0)):
+        assert refit.cost.prefill.time_s(n, cached) == pytest.approx(
+            TRUE_PREFILL.time_s(n, cached), rel=0.05
+        )
+    for batch, context in ((1, 100), (32, 10_000), (60, 19_000)):
+        assert refit.cost.decode.step_s(batch, context) == pytest.approx(
+            TRUE_DECODE.step_s(batch, context), rel=0.05
+        )
+    assert calibrator.residuals()["prefill_median_rel_err"] < 0.05
+    assert refit.cost.name == "calibrated-unnamed"
+
+
+def test_one_refit_moves_the_model_by_at_most_the_bounded_factor() -> None:
+    calibrator = Calibrator(BASE, CalibrationConfig(max_change_factor=2.0, refit_interval_s=0))
+    prefill, decode = measured(200)
+    calibrator.add_prefill(prefill)
+    calibrator.add_decode(decode)
+    points = [(s.input_tokens, s.cached_tokens) for s in prefill]
+    first = calibrator.refit(1.0).cost
+    ratios = [first.prefill.time_s(*p) / BASE.prefill.time_s(*p) for p in points]
+    assert float(np.median(ratios)) == pytest.approx(2.0, rel=0.05)  # truth is ~3x: capped
+    second = calibrator.refit(2.0).cost  # the next refit goes the rest of the way
+    assert second.prefill.time_s(1000, 0) == pytest.approx(TRUE_PREFILL.time_s(1000, 0), rel=0.05)
+
+
+def test_serving_costs_are_medians_and_the_window_forgets_old_points() -> None:
+    calibrator = Calibrator(BASE, CalibrationConfig(window_s=10.0, refit_interval_s=0))
+    calibrator.add_serving(ServingSample(float(t), 0.01 * t, 0.002) for t in range(1, 12))
+    calibrator.add_serving([ServingSample(0.0, 99.0, 99.0)])  # old: beyond the window at 12
+    refit = calibrator.refit(12.0)
+    assert "serving" in refit.updated
+    assert refit.cost.serving.dispatch_s == pytest.approx(0.065)  # median of 0.02..0.11
+    assert refit.cost.serving.first_token_s == pytest.approx(0.002)
+    assert refit.cost.serving.ttft_overhead_s == pytest.approx(0.067)
+
+
+def test_its_state_survives_a_restart_and_bad_state_changes_nothing() -> None:
+    calibrator = Calibrator(BASE, FREE)
+    prefill, decode = measured(100)
+    calibrator.add_prefill(prefill)
+    calibrator.add_decode(decode)
+    calibrator.refit(1.0)
+    restarted = Calibrator(BASE, FREE)
+    restarted.restore(calibrator.to_state())
+    assert restarted.cost == calibrator.cost and restarted.num_refits == 1
+    assert list(restarted.prefill) == list(calibrator.prefill)
+    with pytest.raises(ValueError, match="malformed"):
+        restarted.restore({"cost": BASE.to_profile(), "prefill": [{"nope": 1}]})
+    assert restarted.cost == calibrator.cost
