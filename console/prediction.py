@@ -3,10 +3,10 @@ changed settings, the metric deltas and both runs' top-level metrics, never the 
 rows) sent with an applied change and kept in the audit log; and its comparison, key by key,
 with what the cluster measured after the change (the live report uses the twin's names)."""
 
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from backend.policy import config as config_codec
 from twin.compare import HIGHER_IS_BETTER, LOWER_IS_BETTER, NEUTRAL
 
 FORMAT = "kvcentric-console-prediction/1"
@@ -101,12 +101,4 @@ def predicted_vs_actual(
     return rows
 
 
-def json_safe(value: Any) -> Any:
-    """`value` with non-finite floats as strings ("inf"), which strict JSON cannot carry."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if isinstance(value, Mapping):
-        return {str(key): json_safe(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return [json_safe(item) for item in value]
-    return value
+json_safe = config_codec.json_safe  # the one codec of strict JSON

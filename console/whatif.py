@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from backend.policy.config import number_from_json
 from backend.traces.loader import TRACE_BLOCK_SIZE, TraceError, TraceRow, iter_trace
 from twin.compare import compare
 from twin.config import TwinConfig
@@ -221,7 +222,7 @@ def run_whatif(
 
 def _threshold(value: float | str) -> float:
     """The live threshold; the API writes an infinite one as "inf" (strict JSON has no inf)."""
-    return float(value)
+    return float(number_from_json(value))
 
 
 def _busy(load: Mapping[str, Any]) -> float:

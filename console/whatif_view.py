@@ -8,6 +8,7 @@ from typing import Any
 
 import streamlit as st
 
+from backend.policy.config import number_from_json
 from console import format as fmt
 from console import prediction as predictions
 from console.connection import BackendError, client, show_error
@@ -132,4 +133,4 @@ def show_applied_prediction() -> None:
 
 def _number(value: Any) -> Any:
     """A value the prediction stored as a string because JSON has no infinity."""
-    return float(value) if value in ("inf", "-inf") else value
+    return number_from_json(value)

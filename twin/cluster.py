@@ -19,10 +19,12 @@ from backend.policy.effects import (
     DispatchDecode,
     DispatchPrefill,
     Effect,
+    EffectHandler,
     Evict,
     FailRequest,
     Reject,
     Replicate,
+    carry_out,
 )
 from twin.config import TwinConfig
 from twin.decode import DecodeInstance, DecodeJob
@@ -35,7 +37,7 @@ from twin.timing import TimingModel
 SAMPLES_PER_WINDOW = 10
 
 
-class TwinCluster:
+class TwinCluster(EffectHandler):
     """Prefill and decode instances, their shards and links, and the core that steers them."""
 
     def __init__(
@@ -143,22 +145,27 @@ class TwinCluster:
         return self.core.handle(event)
 
     def _carry_out(self, effects: Sequence[Effect]) -> None:
-        retained = {e.request_id for e in effects if type(e) is Replicate}
-        for effect in effects:
-            kind = type(effect)
-            if kind is DispatchPrefill:
-                self._dispatch_prefill(effect, effect.request_id in retained)
-            elif kind is DispatchDecode:
-                self.env.process(self._hand_to_decode(effect))
-            elif kind is Reject:
-                self._end(effect.request_id, "rejected", reason=effect.reason, stage=effect.stage)
-            elif kind is FailRequest:
-                self._end(effect.request_id, "failed", reason=effect.reason)
-            elif kind is Evict:
-                shard = self.prefill[effect.instance_id].shard
-                self._apply_kv_events(shard.drop(effect.keys, self.env.now))
-            elif kind is Replicate:
-                self.recorder.num_replicated_blocks += len(effect.keys)
+        carry_out(self, effects)
+
+    # -- the effects (EffectHandler) ------------------------------------------------------
+    def on_dispatch_prefill(self, effect: DispatchPrefill, *, replicate: bool) -> None:
+        self._dispatch_prefill(effect, replicate)
+
+    def on_replicate(self, effect: Replicate) -> None:
+        self.recorder.num_replicated_blocks += len(effect.keys)
+
+    def on_dispatch_decode(self, effect: DispatchDecode) -> None:
+        self.env.process(self._hand_to_decode(effect))
+
+    def on_reject(self, effect: Reject) -> None:
+        self._end(effect.request_id, "rejected", reason=effect.reason, stage=effect.stage)
+
+    def on_fail(self, effect: FailRequest) -> None:
+        self._end(effect.request_id, "failed", reason=effect.reason)
+
+    def on_evict(self, effect: Evict) -> None:
+        shard = self.prefill[effect.instance_id].shard
+        self._apply_kv_events(shard.drop(effect.keys, self.env.now))
 
     def _apply_kv_events(self, events: list[KvEvent]) -> None:
         for event in events:

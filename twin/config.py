@@ -11,6 +11,8 @@ from backend.policy.config import (
     PREFILL_SCHEDULERS,
     REJECTION_POLICIES,
     PolicyConfig,
+    json_safe,
+    number_from_json,
 )
 
 
@@ -102,11 +104,8 @@ class TwinConfig:
         return replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form; an infinite threshold is written as the string "inf"."""
-        data = asdict(self)
-        if math.isinf(self.threshold):
-            data["threshold"] = "inf"
-        return data
+        """JSON-ready form, in the policy's one codec (an infinite threshold is "inf")."""
+        return json_safe(asdict(self))
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "TwinConfig":
@@ -116,8 +115,8 @@ class TwinConfig:
         if unknown:
             raise ValueError(f"unknown twin setting(s): {', '.join(unknown)}")
         data = dict(data)
-        if isinstance(data.get("threshold"), str):
-            data["threshold"] = float(data["threshold"])
+        if "threshold" in data:
+            data["threshold"] = number_from_json(data["threshold"])
         return cls(**data)
 
     @classmethod

@@ -7,21 +7,15 @@ model the way a deployment would: by profiling it and fitting the policy's form,
 policy's mispredictions in the twin are those of a real deployment.
 """
 
-import json
 import random
-from importlib import resources
-from pathlib import Path
 from typing import Any, Protocol
 
 from backend.policy import CostModel, LinkModel
 from backend.policy.cost_model import PROFILE_FORMAT, ServingFit, fit_decode, fit_prefill
+from backend.settings.profiles import read_profile
 from twin.measured import MeasuredTiming
 from twin.profile_fields import InstanceCapacities
 from twin.roofline import RooflineTiming
-
-# "tiny-cpu": the `tiny` agents measured by `kvcentric profile` on this project's reference
-# 2-core CPU machine; what `kvcentric up` serves with, the console's what-if default.
-BUILTIN_PROFILES = {"paper": "paper-llama2-70b-8xa800.json", "tiny-cpu": "tiny-cpu.json"}
 
 
 class TimingModel(Protocol):
@@ -109,33 +103,6 @@ class NoisyTiming:
 
     def load_s(self, num_bytes: int, tier: str) -> float:
         return self._noisy(self.base.load_s(num_bytes, tier))
-
-
-def profile_path(profile: str) -> Path:
-    """The file of a built-in profile by name, or `profile` itself as a path."""
-    if profile in BUILTIN_PROFILES:
-        return Path(str(resources.files("twin") / "profiles" / BUILTIN_PROFILES[profile]))
-    return Path(profile)
-
-
-def read_profile(profile: str) -> tuple[Any, str]:
-    """The JSON of a built-in profile by name ("paper", "tiny-cpu") or of a profile file, and
-    how to name it in messages; ValueError in one line."""
-    if profile in BUILTIN_PROFILES:
-        where = f"built-in profile {profile!r}"
-        text = (resources.files("twin") / "profiles" / BUILTIN_PROFILES[profile]).read_text()
-    else:
-        where = f"profile {profile!r}"
-        path = Path(profile)
-        if not path.is_file():
-            raise ValueError(
-                f"{where} is neither a built-in ({', '.join(BUILTIN_PROFILES)}) nor a file"
-            )
-        text = path.read_text()
-    try:
-        return json.loads(text), where
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{where} is not valid JSON: {error}") from None
 
 
 def load_timing(profile: str, *, noise: float = 0.0, seed: int = 0) -> TimingModel:

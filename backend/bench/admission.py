@@ -53,7 +53,7 @@ from backend.cli.children import (
     wait_for,
 )
 from backend.cli.conductor_cmd import cost_model
-from twin.timing import profile_path
+from backend.settings.profiles import profile_path
 
 TINY_PROFILE = "tiny-cpu"  # the twin's built-in measured profile of the tiny agents
 ENDPOINTS = {"completions": "/v1/completions", "native": "/v1/native/requests"}

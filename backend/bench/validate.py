@@ -30,7 +30,7 @@ from backend.cli.children import (
     stop_stack,
     wait_for,
 )
-from backend.policy.config import PolicyConfig
+from backend.policy.config import PolicyConfig, json_safe, policy_from_json
 from backend.traces.loader import TraceRow, iter_trace
 
 # The metrics compared, in the report's names; the first ones carry the acceptance bounds.
@@ -106,29 +106,19 @@ def check_change(change: Mapping[str, Any]) -> None:
         value = change.get(key, 1)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"change {shown}: {key!r} must be a whole number >= 1")
-    policy = {k: v for k, v in change.items() if k in POLICY_KEYS}
-    if isinstance(policy.get("kvcache_balancing_threshold"), str):
-        policy["kvcache_balancing_threshold"] = _number(policy["kvcache_balancing_threshold"])
+    policy = policy_from_json({k: v for k, v in change.items() if k in POLICY_KEYS})
     try:
         PolicyConfig(**policy)
     except (TypeError, ValueError) as error:
         raise ValueError(f"change {shown}: {error}") from None
 
 
-def _number(value: str) -> float:
-    try:
-        return float(value)
-    except ValueError:
-        raise ValueError(f"{value!r} is not a number") from None
-
-
 def env_of_change(change: Mapping[str, Any]) -> dict[str, str]:
     """The Conductor's KVC_* variables that apply a change's policy settings."""
     env = {}
-    for key, value in change.items():
+    for key, value in json_safe(dict(change)).items():
         if key in POLICY_KEYS:
-            text = "inf" if isinstance(value, float) and math.isinf(value) else value
-            env[f"KVC_{key.upper()}"] = json.dumps(text) if isinstance(text, bool) else str(text)
+            env[f"KVC_{key.upper()}"] = json.dumps(value) if isinstance(value, bool) else str(value)
     return env
 
 

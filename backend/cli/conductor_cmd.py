@@ -43,7 +43,7 @@ def cost_model(profile: str | None) -> "CostModel":
     """The policy's cost model from a profile (built-in name or file; None: the paper's
     LLaMA2-70B on 8xA800); ValueError in one line."""
     from backend.policy import CostModel
-    from twin.timing import read_profile
+    from backend.settings.profiles import read_profile
 
     if profile is None:
         return CostModel.reference_70b()

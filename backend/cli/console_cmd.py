@@ -9,6 +9,7 @@ from pathlib import Path
 
 import typer
 
+from backend.settings.profiles import BUILTIN_PROFILES
 from console.settings import (
     DEFAULT_BACKEND_URL,
     DEFAULT_REFRESH_S,
@@ -18,7 +19,6 @@ from console.settings import (
     ENV_BACKEND,
     ConsoleSettings,
 )
-from twin.timing import BUILTIN_PROFILES
 
 APP_PATH = Path(__file__).resolve().parents[2] / "console" / "app.py"
 DEFAULT_PORT = 8501

@@ -1,8 +1,9 @@
 """PolicyConfig: the knobs of the policy core and nothing else, validated on construction."""
 
 import math
-from dataclasses import dataclass
-from typing import Literal
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
 
 PrefillScheduler = Literal["kvcache-centric", "cache-aware", "load-balancing", "random"]
 RejectionPolicy = Literal["none", "baseline", "early", "early-predicted"]
@@ -103,3 +104,41 @@ class PolicyConfig:
     def checks_decode_on_arrival(self) -> bool:
         """Whether a decode instance re-checks the TBT SLO when a request reaches it."""
         return self.rejection_policy != "none"
+
+
+# -- the one JSON codec (settings, REST, database, twin, console) ---------------------------
+_INFINITIES = frozenset({"inf", "+inf", "-inf", "infinity", "+infinity", "-infinity"})
+
+
+def json_safe(value: Any) -> Any:
+    """`value` for strict JSON, which has no infinity (nor PostgreSQL's JSON type): every
+    non-finite float, however deep, becomes its string ("inf", "-inf", "nan")."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, Mapping):
+        return {str(key): json_safe(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(item) for item in value]
+    return value
+
+
+def number_from_json(value: Any) -> Any:
+    """The inverse for one number: "inf" / "infinity" (any sign and case) is a float
+    infinity; anything else is left as it is, for the reader to check."""
+    if isinstance(value, str) and value.strip().lower() in _INFINITIES:
+        return float(value)
+    return value
+
+
+def policy_to_json(config: PolicyConfig) -> dict[str, Any]:
+    """The configuration as strict JSON carries it, by PolicyConfig's names."""
+    return json_safe(asdict(config))
+
+
+def policy_from_json(data: Mapping[str, Any]) -> dict[str, Any]:
+    """Settings read back from JSON (all or some of them): numbers decoded, the rest left for
+    PolicyConfig to check."""
+    return {
+        name: number_from_json(value) if name in _NUMBER_FIELDS else value
+        for name, value in data.items()
+    }

@@ -1,11 +1,16 @@
 """Decisions the ConductorCore returns; drivers carry them out (gRPC, SimPy, or a benchmark).
 
-All frozen dataclasses. Rejections and failures are terminal: each accepted request ends in
-exactly one of DecodeFinished (completed), DecodeRejected / Reject (rejected) or FailRequest.
+All frozen dataclasses. Drivers carry them out through one contract, `EffectHandler` and
+`carry_out`: a new effect added to `Effect` must be handled by every driver, or it fails
+the type check (`assert_never`) and the driver cannot be constructed (abstract method).
+Rejections and failures are terminal: each accepted request ends in exactly one of
+DecodeFinished (completed), DecodeRejected / Reject (rejected) or FailRequest.
 """
 
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, NamedTuple
+from typing import Literal, NamedTuple, assert_never
 
 from backend.policy.cost_model import DecodeFit
 
@@ -130,3 +135,48 @@ class Evict:
 
 
 Effect = DispatchPrefill | Replicate | DispatchDecode | Reject | FailRequest | Evict
+
+
+class EffectHandler(ABC):
+    """What a driver (the live runtime, the twin, a benchmark) does with each effect."""
+
+    @abstractmethod
+    def on_dispatch_prefill(self, effect: DispatchPrefill, *, replicate: bool) -> None:
+        """`replicate`: a Replicate of the same request came with it (keep the fetched
+        blocks); it is also handed to `on_replicate`."""
+
+    @abstractmethod
+    def on_replicate(self, effect: Replicate) -> None: ...
+
+    @abstractmethod
+    def on_dispatch_decode(self, effect: DispatchDecode) -> None: ...
+
+    @abstractmethod
+    def on_reject(self, effect: Reject) -> None: ...
+
+    @abstractmethod
+    def on_fail(self, effect: FailRequest) -> None: ...
+
+    @abstractmethod
+    def on_evict(self, effect: Evict) -> None: ...
+
+
+def carry_out(handler: EffectHandler, effects: Sequence[Effect]) -> None:
+    """Hand every effect, in order, to the handler's method for its kind."""
+    replicated = {e.request_id for e in effects if type(e) is Replicate}
+    for effect in effects:
+        match effect:
+            case DispatchPrefill():
+                handler.on_dispatch_prefill(effect, replicate=effect.request_id in replicated)
+            case Replicate():
+                handler.on_replicate(effect)
+            case DispatchDecode():
+                handler.on_dispatch_decode(effect)
+            case Reject():
+                handler.on_reject(effect)
+            case FailRequest():
+                handler.on_fail(effect)
+            case Evict():
+                handler.on_evict(effect)
+            case _:
+                assert_never(effect)

@@ -34,10 +34,12 @@ from backend.policy.effects import (
     DispatchDecode,
     DispatchPrefill,
     Effect,
+    EffectHandler,
     Evict,
     FailRequest,
     Reject,
     Replicate,
+    carry_out,
 )
 from backend.rpc import agent_pb2 as pb
 from backend.rpc import agent_pb2_grpc as pb_grpc
@@ -76,7 +78,7 @@ class AgentInfo:
     draining: bool = False  # takes no new work (a role switch is under way)
 
 
-class ConductorRuntime:
+class ConductorRuntime(EffectHandler):
     """Serves Join/Heartbeat, admits and runs requests, detects dead agents; see module doc."""
 
     def __init__(
@@ -112,6 +114,7 @@ class ConductorRuntime:
         )
         self._address = grpc_address or f"{settings.grpc_host}:{settings.grpc_port}"
         self._lock = threading.Lock()
+        self._work_after: list[Callable[[], None]] = []  # see _apply
         self._agents: dict[str, AgentInfo] = {}
         self._requests: dict[str, RequestStream] = {}
         # Finished requests stay readable (request()) until this many newer ones finished.
@@ -505,8 +508,16 @@ class ConductorRuntime:
             raise ValueError("a request needs prompt tokens and max_tokens >= 1")
         now_s = self._clock()
         keys = tuple(block_keys(token_ids, self.config.block_size) if keys is None else keys)
+        # The SLOs in force now travel with the request and are recorded with it: it is
+        # judged by them, whatever a later PUT /v1/config sets.
         arrival = ev.RequestArrived(
-            now_s, request_id, keys, len(token_ids), max_tokens, ttft_slo_s, tbt_slo_s
+            now_s,
+            request_id,
+            keys,
+            len(token_ids),
+            max_tokens,
+            self.config.ttft_slo_s if ttft_slo_s is None else ttft_slo_s,
+            self.config.tbt_slo_s if tbt_slo_s is None else tbt_slo_s,
         )
         stream = RequestStream(
             request_id, tuple(token_ids), max_tokens, sampling, now_s, on_token=on_token
@@ -532,38 +543,45 @@ class ConductorRuntime:
     # -- effects -----------------------------------------------------------------------------
     def _apply(self, effects: Sequence[Effect]) -> list[Callable[[], None]]:
         """Carry out effects in memory (lock held); returns the blocking work to do after."""
-        after: list[Callable[[], None]] = []
-        replicated = {e.request_id for e in effects if isinstance(e, Replicate)}
-        for effect in effects:
-            if isinstance(effect, DispatchPrefill):
-                stream = self._requests[effect.request_id]
-                stream.dispatch = effect
-                stream.decisions.append(effect)
-                num_reused_blocks = effect.plan.num_reused_tokens // self.config.block_size
-                self.hits.record(stream.block_keys, num_reused_blocks)
-                replicate = effect.request_id in replicated
-                self._log_record("decision", decision=effect, now_s=self._clock())
-                if self.metrics is not None:
-                    after.append(lambda e=effect: self.metrics.record_decision(e))
-                self._pool.submit(self._run, effect, replicate)
-            elif isinstance(effect, Reject):
-                outcome = self._outcome("rejected", effect.reason, effect.stage, effect.message)
-                stream = self._requests[effect.request_id]
-                stream.retry_after_s = effect.retry_after_s
-                after.extend(self._end(effect.request_id, outcome))
-            elif isinstance(effect, FailRequest):
-                stage = self._requests[effect.request_id].stage
-                outcome = self._outcome("failed", effect.reason, stage)
-                after.extend(self._end(effect.request_id, outcome))
-            elif isinstance(effect, Evict):
-                info = self._agents.get(effect.instance_id)
-                if info is not None:
-                    after.append(lambda s=info.stub, e=effect: self._evict(s, e))
-            elif isinstance(effect, Replicate) and self.metrics is not None:
-                after.append(lambda e=effect: self.metrics.record_replication(e))
-            # Replicate rides on its DispatchPrefill (replicate=True); DispatchDecode is
-            # carried out by the worker thread that fed PrefillFinished.
+        self._work_after = []
+        carry_out(self, effects)
+        after, self._work_after = self._work_after, []
         return after
+
+    # -- the effects (EffectHandler; lock held, blocking work queued in _work_after) ---------
+    def on_dispatch_prefill(self, effect: DispatchPrefill, *, replicate: bool) -> None:
+        stream = self._requests[effect.request_id]
+        stream.dispatch = effect
+        stream.decisions.append(effect)
+        num_reused_blocks = effect.plan.num_reused_tokens // self.config.block_size
+        self.hits.record(stream.block_keys, num_reused_blocks)
+        self._log_record("decision", decision=effect, now_s=self._clock())
+        if self.metrics is not None:
+            self._work_after.append(lambda e=effect: self.metrics.record_decision(e))
+        self._pool.submit(self._run, effect, replicate)
+
+    def on_replicate(self, effect: Replicate) -> None:
+        # It rides on its DispatchPrefill (replicate=True): the agent keeps what it fetched.
+        if self.metrics is not None:
+            self._work_after.append(lambda e=effect: self.metrics.record_replication(e))
+
+    def on_dispatch_decode(self, effect: DispatchDecode) -> None:
+        """Carried out by the request's thread, which fed the PrefillFinished that made it."""
+
+    def on_reject(self, effect: Reject) -> None:
+        outcome = self._outcome("rejected", effect.reason, effect.stage, effect.message)
+        self._requests[effect.request_id].retry_after_s = effect.retry_after_s
+        self._work_after.extend(self._end(effect.request_id, outcome))
+
+    def on_fail(self, effect: FailRequest) -> None:
+        stage = self._requests[effect.request_id].stage
+        outcome = self._outcome("failed", effect.reason, stage)
+        self._work_after.extend(self._end(effect.request_id, outcome))
+
+    def on_evict(self, effect: Evict) -> None:
+        info = self._agents.get(effect.instance_id)
+        if info is not None:
+            self._work_after.append(lambda s=info.stub, e=effect: self._evict(s, e))
 
     def _after(self, work: list[Callable[[], None]]) -> None:
         for job in work:

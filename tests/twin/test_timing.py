@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from backend.settings.profiles import profile_path
 from twin.measured import MeasuredTiming
 from twin.roofline import RooflineTiming
 from twin.timing import NoisyTiming, TimingModel, load_timing, policy_cost_model
@@ -245,7 +246,7 @@ def test_load_errors_for_missing_files_and_bad_roofline_fields(tmp_path: Path) -
 
 
 def _paper_profile() -> dict[str, Any]:
-    path = Path(__file__).parents[2] / "twin" / "profiles" / "paper-llama2-70b-8xa800.json"
+    path = profile_path("paper")
     return json.loads(path.read_text())
 
 

@@ -6,7 +6,6 @@ database and restores the last saved configuration, so a restart keeps it.
 
 import dataclasses
 import logging
-import math
 import time
 from collections.abc import Mapping
 from typing import Annotated, Any
@@ -20,7 +19,7 @@ from backend.api.schemas.errors import ErrorBody
 from backend.db import config_store
 from backend.db.errors import ConfigVersionConflict
 from backend.db.records import AuditEntry
-from backend.policy.config import PolicyConfig
+from backend.policy.config import PolicyConfig, policy_from_json, policy_to_json
 from backend.runtime import ConductorRuntime
 
 logger = logging.getLogger(__name__)
@@ -88,7 +87,7 @@ class AuditView(BaseModel):
 @router.get("/config", summary="The policy configuration in force", response_model=ConfigView)
 async def read_config(principal: ApiKey, runtime: RuntimeDep, request: Request) -> ConfigView:
     version = getattr(request.app.state, "config_version", None)
-    return ConfigView(version=version, config=config_to_json(runtime.core.config))
+    return ConfigView(version=version, config=policy_to_json(runtime.core.config))
 
 
 @router.put(
@@ -105,7 +104,7 @@ def change_config(
     request: Request,
 ) -> ConfigView:
     current = dataclasses.asdict(runtime.core.config)
-    changes = config_from_json(body.config)
+    changes = policy_from_json(body.config)
     unknown = sorted(set(changes) - set(current))
     if unknown:
         raise _invalid(f"unknown setting(s): {', '.join(unknown)}")
@@ -116,7 +115,7 @@ def change_config(
         config = PolicyConfig(**{**current, **changes})
     except (TypeError, ValueError) as error:
         raise _invalid(str(error)) from None
-    new = config_to_json(config)
+    new = policy_to_json(config)
     try:
         with sessions() as session:
             saved, _ = config_store.save_config_version(
@@ -164,12 +163,12 @@ def attach_database(app: FastAPI, sessions: sessionmaker[Session], *, now_s: flo
         if current is None:
             current, _ = config_store.save_config_version(
                 session=session,
-                config=config_to_json(runtime.core.config),
+                config=policy_to_json(runtime.core.config),
                 actor="settings",
                 now_s=now_s,
                 action="config.initial",
             )
-    stored = _known_fields(config_from_json(current.config))
+    stored = _known_fields(policy_from_json(current.config))
     stored["block_size"] = runtime.config.block_size
     apply_config(app, PolicyConfig(**stored), version=current.version)
     return current.version
@@ -188,32 +187,6 @@ def apply_config(app: FastAPI, config: PolicyConfig, *, version: int) -> None:
 
 def get_runtime_of(app: FastAPI) -> ConductorRuntime:
     return app.state.served.runtime
-
-
-def config_to_json(config: PolicyConfig) -> dict[str, Any]:
-    """The configuration as strict JSON carries it: an infinite number as the string "inf"
-    (JSON has no infinity; PostgreSQL's JSON type refuses one)."""
-    return {
-        name: ("inf" if value > 0 else "-inf")
-        if isinstance(value, float) and math.isinf(value)
-        else value
-        for name, value in dataclasses.asdict(config).items()
-    }
-
-
-def config_from_json(config: Mapping[str, Any]) -> dict[str, Any]:
-    """The inverse of `config_to_json` for the number settings: "inf" (or "infinity") is
-    infinity; every other value is left for PolicyConfig to check."""
-    numbers = {"kvcache_balancing_threshold", "ttft_slo_s", "tbt_slo_s", "decode_time_s"}
-    return {
-        name: float(value)
-        if name in numbers and isinstance(value, str) and value.lower() in _INFINITIES
-        else value
-        for name, value in config.items()
-    }
-
-
-_INFINITIES = frozenset({"inf", "+inf", "-inf", "infinity", "+infinity", "-infinity"})
 
 
 def _known_fields(config: Mapping[str, Any]) -> dict[str, Any]:

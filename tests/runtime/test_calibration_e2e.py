@@ -1,0 +1,133 @@
+"""Live-vs-twin parity items on real agents over `kvcentric conductor`'s start path: a decode
+check set by PUT /v1/config reaches the decode agent, calibration converges on what real
+agents measure and survives a restart, and GET /v1/calibration says when it has too few
+points."""
+
+import socket
+import time
+
+import httpx
+import pytest
+
+from backend.cli.conductor_cmd import start_conductor
+from tests.harness.stack import conductor_stack
+from tests.runtime.conftest import make_settings
+
+KEY = {"Authorization": "Bearer api-key-0123456789"}
+ADMIN = {"Authorization": "Bearer admin-token-0123456789"}
+
+
+def _settings(tmp_path, **overrides):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        grpc_port = probe.getsockname()[1]
+    return make_settings(
+        database_url=f"sqlite:///{tmp_path / 'conductor.db'}",
+        grpc_port=grpc_port,
+        ttft_slo_s=60.0,
+        tbt_slo_s=5.0,
+        **overrides,
+    )
+
+
+def _submit(url: str, runtime, tokens: list[int], max_tokens: int = 4):
+    reply = httpx.post(
+        f"{url}/v1/native/requests",
+        json={"token_ids": tokens, "max_tokens": max_tokens},
+        headers=KEY,
+        timeout=60,
+    )
+    assert reply.status_code == 200, reply.text
+    return runtime.request(reply.json()["id"]).result(60)
+
+
+def _put(url: str, **config) -> None:
+    reply = httpx.put(f"{url}/v1/config", json={"config": config}, headers=ADMIN, timeout=10)
+    assert reply.status_code == 200, reply.text
+
+
+def test_a_decode_check_set_by_put_is_run_by_the_decode_agent(tmp_path) -> None:
+    settings = _settings(tmp_path, rejection_policy="none", calibrate=False)
+    with conductor_stack(settings, ["prefill", "decode"], profile="tiny-cpu") as stack:
+        url, runtime = stack.url, stack.runtime
+        assert _submit(url, runtime, list(range(1, 40))).state == "completed"
+        # baseline admits on TTFT only; the decode agent's own check then refuses: no decode
+        # step of the tiny-cpu model fits in a microsecond.
+        _put(url, rejection_policy="baseline", tbt_slo_s=1e-6)
+        outcome = _submit(url, runtime, list(range(2, 41)))
+        assert (outcome.state, outcome.stage, outcome.reason) == ("rejected", "decode", "tbt_slo")
+        _put(url, rejection_policy="none")  # no check travels: the same SLO admits
+        assert _submit(url, runtime, list(range(3, 42))).state == "completed"
+
+
+def test_calibration_converges_on_real_agents_and_survives_a_restart(tmp_path) -> None:
+    settings = _settings(
+        tmp_path,
+        calibration_min_prefill_points=6,
+        calibration_min_decode_points=10,
+        calibration_refit_interval_s=0.2,
+        calibration_max_change_factor=1e4,
+    )
+    # The paper's LLaMA2-70B on 8 A800s believes a tiny CPU model is ~100x faster than it is.
+    with conductor_stack(settings, ["prefill", "decode"], profile="paper") as stack:
+        url, runtime = stack.url, stack.runtime
+        before = httpx.get(f"{url}/v1/calibration", headers=KEY, timeout=10).json()
+        assert before["status"] == "profile"
+        for i in range(12):
+            prompt = [(7 * i + j) % 30_000 + 1 for j in range(30 + 20 * i)]
+            assert _submit(url, runtime, prompt, max_tokens=6).state == "completed"
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            view = httpx.get(f"{url}/v1/calibration", headers=KEY, timeout=10).json()
+            if {"prefill", "decode"} <= set(view["updated"]):
+                break
+            time.sleep(0.2)
+        assert view["status"] == "calibrated", view["notes"]
+        base_error = _median_error(view["prefill"], before["base"])
+        assert base_error > 0.9  # the profile was far off
+        assert view["prefill_median_rel_err"] < 0.5 < base_error
+        assert view["decode_median_rel_err"] < 0.5
+        assert view["profile"]["believed"] == view["believed"]
+        calibrated = runtime.core.cost
+        assert calibrated.name == "calibrated-reference-llama2-70b-8xa800"
+    restarted = start_conductor(settings, profile="paper")
+    try:
+        assert restarted.runtime.core.cost == calibrated
+    finally:
+        restarted.stop()
+
+
+def _median_error(points: list[dict], profile: dict) -> float:
+    from backend.policy import CostModel
+
+    cost = CostModel.from_profile(profile)
+    errors = sorted(
+        abs(cost.prefill_time_s(p["input_tokens"], p["cached_tokens"]) - p["measured_s"])
+        / p["measured_s"]
+        for p in points
+    )
+    return errors[len(errors) // 2]
+
+
+def test_too_few_points_keep_the_profile_and_the_response_says_so(tmp_path) -> None:
+    with conductor_stack(_settings(tmp_path), ["prefill", "decode"], profile="tiny-cpu") as stack:
+        url, runtime = stack.url, stack.runtime
+        assert _submit(url, runtime, list(range(1, 50))).state == "completed"
+        time.sleep(0.5)  # a heartbeat carries the measurements
+        view = httpx.get(f"{url}/v1/calibration", headers=KEY, timeout=10).json()
+    assert view["status"] == "profile" and view["believed"] == view["base"]
+    assert any("prefill: 1 point(s) in the window, 20 needed" in n for n in view["notes"])
+    assert view["window"]["num_prefill"] == 1 and len(view["prefill"]) == 1
+
+
+@pytest.mark.parametrize("bad", ["-1", "4097", "x"])
+def test_a_bad_max_points_is_a_4xx(tmp_path, bad) -> None:
+    from fastapi.testclient import TestClient
+
+    conductor = start_conductor(_settings(tmp_path), profile="tiny-cpu")
+    try:
+        with TestClient(conductor.app) as client:
+            reply = client.get(f"/v1/calibration?max_points={bad}", headers=KEY)
+        assert reply.status_code == 422 and reply.json()["error"]["message"]
+    finally:
+        conductor.stop()
