@@ -166,6 +166,16 @@ class Calibrator:
         self.last_refit = Refit(self.cost, tuple(updated), tuple(notes))
         return self.last_refit
 
+    def shortfalls(self) -> list[str]:
+        """Why a refit now would keep a part's fit: too few points of it in the window."""
+        config = self.config
+        wanted = (
+            ("prefill", len(self.prefill), config.min_prefill_points),
+            ("decode", len(self.decode), config.min_decode_points),
+            ("serving", len(self.serving), config.min_serving_points),
+        )
+        return [_too_few(kind, have, need) for kind, have, need in wanted if have < need]
+
     def _serving_fit(self) -> ServingFit:
         """Medians of the per-request costs; per token: the mean streamed gap beyond the mean
         decode step of the same window."""

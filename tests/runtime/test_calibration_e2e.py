@@ -30,13 +30,17 @@ def _settings(tmp_path, **overrides):
     )
 
 
-def _submit(url: str, runtime, tokens: list[int], max_tokens: int = 4):
-    reply = httpx.post(
+def _post(url: str, tokens: list[int], max_tokens: int = 4) -> httpx.Response:
+    return httpx.post(
         f"{url}/v1/native/requests",
         json={"token_ids": tokens, "max_tokens": max_tokens},
         headers=KEY,
         timeout=60,
     )
+
+
+def _submit(url: str, runtime, tokens: list[int], max_tokens: int = 4):
+    reply = _post(url, tokens, max_tokens)
     assert reply.status_code == 200, reply.text
     return runtime.request(reply.json()["id"]).result(60)
 
@@ -54,7 +58,11 @@ def test_a_decode_check_set_by_put_is_run_by_the_decode_agent(tmp_path) -> None:
         # baseline admits on TTFT only; the decode agent's own check then refuses: no decode
         # step of the tiny-cpu model fits in a microsecond.
         _put(url, rejection_policy="baseline", tbt_slo_s=1e-6)
-        outcome = _submit(url, runtime, list(range(2, 41)))
+        reply = _post(url, list(range(2, 41)))
+        assert reply.status_code == 429, reply.text
+        error = reply.json()["error"]
+        assert (error["stage"], error["reason"]) == ("decode", "tbt_slo")
+        outcome = runtime.request(error["request_id"]).result(10)
         assert (outcome.state, outcome.stage, outcome.reason) == ("rejected", "decode", "tbt_slo")
         _put(url, rejection_policy="none")  # no check travels: the same SLO admits
         assert _submit(url, runtime, list(range(3, 42))).state == "completed"
@@ -68,8 +76,9 @@ def test_calibration_converges_on_real_agents_and_survives_a_restart(tmp_path) -
         calibration_refit_interval_s=0.2,
         calibration_max_change_factor=1e4,
     )
-    # The paper's LLaMA2-70B on 8 A800s believes a tiny CPU model is ~100x faster than it is.
-    with conductor_stack(settings, ["prefill", "decode"], profile="paper") as stack:
+    # No profile: the reference LLaMA2-70B on 8 A800s, which believes a tiny CPU model far
+    # faster than it is.
+    with conductor_stack(settings, ["prefill", "decode"], profile=None) as stack:
         url, runtime = stack.url, stack.runtime
         before = httpx.get(f"{url}/v1/calibration", headers=KEY, timeout=10).json()
         assert before["status"] == "profile"
@@ -84,13 +93,13 @@ def test_calibration_converges_on_real_agents_and_survives_a_restart(tmp_path) -
             time.sleep(0.2)
         assert view["status"] == "calibrated", view["notes"]
         base_error = _median_error(view["prefill"], before["base"])
-        assert base_error > 0.9  # the profile was far off
-        assert view["prefill_median_rel_err"] < 0.5 < base_error
+        assert base_error > 0.3  # the profile was far off
+        assert view["prefill_median_rel_err"] < min(0.25, base_error / 2), (view, base_error)
         assert view["decode_median_rel_err"] < 0.5
         assert view["profile"]["believed"] == view["believed"]
-        calibrated = runtime.core.cost
-        assert calibrated.name == "calibrated-reference-llama2-70b-8xa800"
-    restarted = start_conductor(settings, profile="paper")
+        assert runtime.core.cost.name == "calibrated-reference-llama2-70b-8xa800"
+    calibrated = runtime.core.cost  # as the stopped Conductor last saved it
+    restarted = start_conductor(settings, profile=None)
     try:
         assert restarted.runtime.core.cost == calibrated
     finally:

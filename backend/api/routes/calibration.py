@@ -38,7 +38,8 @@ def read_calibration(
             "num_refits": calibrator.num_refits,
             "last_refit_s": calibrator.last_refit_s if calibrator.num_refits else None,
             "updated": list(refit.updated) if refit else [],
-            "notes": list(refit.notes) if refit else [],
+            # What the window lacks now (a refit would keep those parts' fits).
+            "notes": calibrator.shortfalls(),
             "believed": calibrator.cost.to_profile(),
             "base": calibrator.base.to_profile(),
             "window": {
