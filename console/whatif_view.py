@@ -8,6 +8,7 @@ from typing import Any
 
 import streamlit as st
 
+from backend.observe.measures import FIDELITY_METRICS, relative_error
 from backend.policy.config import number_from_json
 from console import format as fmt
 from console import prediction as predictions
@@ -87,6 +88,34 @@ def show_result(whatif: Mapping[str, Any]) -> None:
     with right:
         chart(figures["loads"], "whatif-loads")
     chart(figures["rejections"], "whatif-rejections")
+    if trace.get("start_s") is not None and trace.get("end_s") is not None:
+        show_trust(reports["baseline"], trace["start_s"], trace["end_s"])
+
+
+def show_trust(current: Mapping[str, Any], start_s: float, end_s: float) -> None:
+    """The twin's run of the current configuration beside what the cluster measured on the
+    same recorded window (GET /v1/report), metric by metric: how far to trust the twin."""
+    st.subheader("How far to trust the twin")
+    try:
+        measured = client().report(start_s=start_s, end_s=end_s)
+    except BackendError as error:
+        show_error(error, "cannot read what the cluster measured on this window")
+        return
+    rows = [
+        {
+            "metric": name,
+            "live (measured)": fmt.metric(name, measured.get(name)),
+            "twin (current config)": fmt.metric(name, current.get(name)),
+            "error": fmt.ratio(relative_error(measured.get(name), current.get(name))),
+        }
+        for name in FIDELITY_METRICS
+    ]
+    st.caption(
+        "The twin replayed this window on the current configuration; the errors are "
+        "(twin - live) / live, by the definitions both share. `kvcentric twin validate` "
+        "measures them over whole configurations (docs/fidelity.md)."
+    )
+    table(rows, ["metric", "live (measured)", "twin (current config)", "error"])
 
 
 def show_applied_prediction() -> None:

@@ -30,24 +30,11 @@ from backend.cli.children import (
     stop_stack,
     wait_for,
 )
+from backend.observe.measures import FIDELITY_METRICS, relative_error
 from backend.policy.config import PolicyConfig, json_safe, policy_from_json
-from backend.traces.loader import TraceRow, iter_trace
+from backend.traces.loader import TraceRow, iter_trace, load_trace, parse_minutes
 
-# The metrics compared, in the report's names; the first ones carry the acceptance bounds.
-METRICS = (
-    "ttft_mean_s",
-    "ttft_p50_s",
-    "ttft_p90_s",
-    "ttft_p99_s",
-    "tbt_p50_s",
-    "tbt_p90_s",
-    "num_completed",
-    "num_rejected",
-    "cache_hit_ratio",
-    "goodput_rps",
-    "slo_attainment",
-    "num_replicated_blocks",
-)
+METRICS = FIDELITY_METRICS
 RANKED = ("ttft_mean_s", "goodput_rps")
 SPLIT_KEYS = ("prefill", "decode")
 POLICY_KEYS = tuple(f.name for f in dataclasses.fields(PolicyConfig))
@@ -361,8 +348,7 @@ def compare_metrics(live: Mapping[str, Any], twin: Mapping[str, Any]) -> dict[st
     compared = {}
     for name in METRICS:
         x, y = live.get(name), twin.get(name)
-        rel_err = (y - x) / abs(x) if x not in (None, 0) and y is not None else None
-        compared[name] = {"live": x, "twin": y, "rel_err": rel_err}
+        compared[name] = {"live": x, "twin": y, "rel_err": relative_error(x, y)}
     return compared
 
 
@@ -410,6 +396,12 @@ def validate(
     on_status: OnStatus | None = None,
 ) -> dict[str, Any]:
     """Run every change live and in the twin; the result object `--json` prints."""
+    window = load_trace(settings.trace, minutes=parse_minutes(settings.minutes))
+    if not window:
+        raise ValueError(
+            f"the window {settings.minutes} of {settings.trace} holds no request; "
+            "choose minutes the trace covers"
+        )
     configs = []
     raw = []
     with tempfile.TemporaryDirectory(prefix="kvc-validate-") as folder:

@@ -103,3 +103,18 @@ def histogram_percentile(histogram: Mapping[int, float], q: float) -> float | No
         if cumulative >= target:
             return GAP_MIN_S * GAP_BIN_RATIO ** (index + 0.5)
     return GAP_MIN_S * GAP_BIN_RATIO ** (max(histogram) + 0.5)
+
+
+# The metrics a twin prediction is held against live by (twin validate, the What-if page).
+FIDELITY_METRICS = (
+    "ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "tbt_p50_s", "tbt_p90_s",
+    "num_completed", "num_rejected", "cache_hit_ratio", "goodput_rps", "slo_attainment",
+    "num_replicated_blocks",
+)  # fmt: skip
+
+
+def relative_error(live: float | None, twin: float | None) -> float | None:
+    """(twin - live) / |live|: how far the prediction is off; None when live is 0 or unknown."""
+    if live is None or twin is None or live == 0:
+        return None
+    return (twin - live) / abs(live)

@@ -1,0 +1,78 @@
+"""`kvcentric twin validate`: bad input named before any stack starts, and one short window
+run live (its own stack per config) and in the twin, with the result's documented shape."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+KVCENTRIC = str(Path(sys.executable).parent / "kvcentric")
+
+
+def run(*args: str, timeout_s: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [KVCENTRIC, "twin", "validate", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ("not json", "--changes is not valid JSON"),
+        ('{"prefill": 1}', "--changes must be a JSON list of objects"),
+        ('[{"thresold": 2}]', "change {\"thresold\": 2}: unknown setting 'thresold'"),
+        (
+            '[{"kvcache_balancing_threshold": 0.5}]',
+            "kvcache_balancing_threshold must be in [1, inf]",
+        ),
+        ('[{"prefill": 0}]', "'prefill' must be a whole number >= 1"),
+        ('[{"block_size": 64}]', "'block_size' is set by the validation, not a change"),
+    ],
+)
+def test_a_malformed_change_is_a_clear_error_naming_it(changes, message) -> None:
+    result = run("--minutes", "0:1", "--changes", changes, timeout_s=60)
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: ") and message in result.stderr, result.stderr
+
+
+def test_a_window_without_requests_is_a_clear_message(tmp_path) -> None:
+    result = run("--minutes", "500:501", timeout_s=60)
+    assert result.returncode == 2
+    assert "holds no request" in result.stderr, result.stderr
+
+
+@pytest.mark.slow
+def test_a_short_window_live_and_in_the_twin(tmp_path) -> None:
+    """Small and untimed: the figures of docs/fidelity.md come from longer windows."""
+    out = tmp_path / "validate"
+    result = run(
+        "--warmup-minutes", "0:0.15", "--minutes", "0.15:0.3",
+        "--changes", '[{}, {"kvcache_balancing_threshold": "inf"}]',
+        "--out", str(out), "--json",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout)
+    assert [c["change"] for c in report["configs"]] == [{}, {"kvcache_balancing_threshold": "inf"}]
+    for config in report["configs"]:
+        metrics = config["metrics"]
+        for name in ("ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "tbt_p50_s",
+                     "tbt_p90_s", "num_completed", "num_rejected", "cache_hit_ratio",
+                     "goodput_rps", "slo_attainment", "num_replicated_blocks"):  # fmt: skip
+            assert set(metrics[name]) == {"live", "twin", "rel_err"}, name
+        assert metrics["num_completed"]["live"] > 0
+        live, twin = metrics["ttft_p50_s"]["live"], metrics["ttft_p50_s"]["twin"]
+        assert metrics["ttft_p50_s"]["rel_err"] == pytest.approx((twin - live) / abs(live))
+    assert set(report["kendall_tau"]) == {"ttft_mean_s", "goodput_rps"}
+    assert set(report["directions"]) == {"right", "total"}
+    assert (out / "validate.html").read_text().count("plotly") > 0
+    for index in (0, 1):
+        folder = out / f"config-{index}"
+        assert json.loads((folder / "live-report.json").read_text())["num_requests"] > 0
+        assert json.loads((folder / "live-profile.json").read_text())["believed"]
+    assert "config 2/2" in result.stderr  # progress on stderr
