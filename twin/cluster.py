@@ -153,6 +153,7 @@ class TwinCluster(EffectHandler):
 
     def on_replicate(self, effect: Replicate) -> None:
         self.recorder.num_replicated_blocks += len(effect.keys)
+        self.recorder.records[effect.request_id].replicated_blocks += len(effect.keys)
 
     def on_dispatch_decode(self, effect: DispatchDecode) -> None:
         self.env.process(self._hand_to_decode(effect))
@@ -202,7 +203,7 @@ class TwinCluster(EffectHandler):
         job = PrefillJob(dispatch.request_id, arrival.num_input_tokens, keys, plan, source)
         self._jobs[dispatch.request_id] = job
         instance = self.prefill[dispatch.instance_id]
-        dispatch_s = self.timing.serving.dispatch_s
+        dispatch_s = self.timing.dispatch_delay_s()
         if dispatch_s > 0:  # the serving path's way to the agent (a live profile measures it)
             self.env.process(self._submit_after(instance, job, dispatch_s))
         else:
@@ -250,7 +251,7 @@ class TwinCluster(EffectHandler):
                 return
         prefill = self.prefill[record.prefill_instance or ""]
         yield from prefill.send(dispatch.num_context_tokens * self.timing.kv_bytes_per_token)
-        first_token_s = self.timing.serving.first_token_s
+        first_token_s = self.timing.first_token_delay_s()
         if first_token_s > 0:  # the decode dispatch and the first token's way out
             yield self.env.timeout(first_token_s)
         decode.admit(

@@ -61,6 +61,7 @@ class DecodeInstance:
         # One entry per stretch of constant batch: its step time and tokens produced.
         self.epoch_step_s: list[float] = [0.0]
         self.epoch_tokens: list[float] = [0.0]
+        self.epoch_t_s: list[float] = [0.0]  # when each stretch began
 
     # -- what the cluster sees ------------------------------------------------------------
     @property
@@ -118,6 +119,7 @@ class DecodeInstance:
             self.step_s += self.timing.serving.per_token_s
         self.epoch_step_s.append(self.step_s)
         self.epoch_tokens.append(0.0)
+        self.epoch_t_s.append(self.env.now)
         self._timer_generation += 1
         if not self._finish_heap:
             return

@@ -133,6 +133,12 @@ class MeasuredTiming:
     def load_s(self, num_bytes: int, tier: str) -> float:
         return self.storage.load_s(num_bytes, tier)
 
+    def dispatch_delay_s(self) -> float:
+        return self.serving.dispatch_s
+
+    def first_token_delay_s(self) -> float:
+        return self.serving.first_token_s
+
     @classmethod
     def from_profile(cls, data: Mapping[str, Any]) -> "MeasuredTiming":
         """Build from a profile dict with `prefill_points` and `decode_points`."""

@@ -25,6 +25,7 @@ class RequestRecord:
     reused_tokens: int = 0
     reachable_tokens: int = 0
     transferred_tokens: int = 0
+    replicated_blocks: int = 0
     computed_tokens: int = 0
     prefill_compute_s: float = 0.0
     finish_s: float | None = None

@@ -112,6 +112,12 @@ class RooflineTiming:
         """An analytic model has no serving path of its own."""
         return ServingFit()
 
+    def dispatch_delay_s(self) -> float:
+        return 0.0
+
+    def first_token_delay_s(self) -> float:
+        return 0.0
+
     @property
     def instance(self) -> InstanceCapacities:
         free_hbm_bytes = (

@@ -16,6 +16,7 @@ from backend.settings.profiles import read_profile
 from twin.measured import MeasuredTiming
 from twin.profile_fields import InstanceCapacities
 from twin.roofline import RooflineTiming
+from twin.spread import MeasuredSpread, read_spread
 
 
 class TimingModel(Protocol):
@@ -50,6 +51,14 @@ class TimingModel(Protocol):
 
     def load_s(self, num_bytes: int, tier: str) -> float:
         """Reading reused KV from the instance's "dram" or "ssd" tier into its GPUs."""
+        ...
+
+    def dispatch_delay_s(self) -> float:
+        """One request's way from arrival to its prefill agent (the serving path's)."""
+        ...
+
+    def first_token_delay_s(self) -> float:
+        """One request's way from its prefill's end to its first token leaving."""
         ...
 
 
@@ -104,14 +113,23 @@ class NoisyTiming:
     def load_s(self, num_bytes: int, tier: str) -> float:
         return self._noisy(self.base.load_s(num_bytes, tier))
 
+    def dispatch_delay_s(self) -> float:
+        return self.base.dispatch_delay_s()
+
+    def first_token_delay_s(self) -> float:
+        return self.base.first_token_delay_s()
+
 
 def load_timing(profile: str, *, noise: float = 0.0, seed: int = 0) -> TimingModel:
     """A built-in profile by name ("paper") or a profile JSON file; ValueError in one line."""
     data, where = read_profile(profile)
     try:
         timing = timing_from_profile(data)
+        spreads = read_spread(data)
     except ValueError as error:
         raise ValueError(f"{where}: {error}") from None
+    if spreads:  # a live profile: durations vary as they did live
+        timing = MeasuredSpread(timing, spreads, seed)
     if noise == 0.0:
         return timing
     return NoisyTiming(timing, noise, seed)
@@ -144,7 +162,7 @@ def policy_cost_model(timing: TimingModel, *, block_size: int = 512) -> CostMode
     KV capacity are skipped, as a real profiler could not run them. Noise is stripped first:
     a deployment profiles with repeated runs and keeps the mean.
     """
-    while isinstance(timing, NoisyTiming):
+    while isinstance(timing, NoisyTiming | MeasuredSpread):
         timing = timing.base
     if block_size < 1:
         raise ValueError(f"block_size must be positive, got {block_size}")

@@ -200,6 +200,7 @@ def run_live(
             return isinstance(agents, list) and len(agents) >= len(roles)
 
         wait_for(f"{len(roles)} agents to join", joined, children)
+        warmup_start_s = time.time()
         if settings.warmup_minutes:
             on_status(f"replaying the warm-up, minutes {settings.warmup_minutes}")
             _replay(settings, settings.warmup_minutes, base_url, env, work_dir / "warmup", children)
@@ -212,8 +213,10 @@ def run_live(
         time.sleep(0.5)  # the last outcomes reach the database
         query = urllib.parse.urlencode({"start_s": start_s, "end_s": end_s})
         report = _get(base_url, f"/v1/report?{query}", api_key)
+        # The warm-up too: the twin replays it to warm its caches and queues as live had them,
+        # and reports the measured window only.
         export = urllib.parse.urlencode(
-            {"start_s": start_s, "end_s": end_s, "block_size": settings.block_size}
+            {"start_s": warmup_start_s, "end_s": end_s, "block_size": settings.block_size}
         )
         rows_text = _get_text(base_url, f"/v1/export/trace?{export}", api_key)
         calibration_after = _get(base_url, "/v1/calibration?max_points=0", api_key)
@@ -223,6 +226,7 @@ def run_live(
         "ttfts_s": _recorded_ttfts(work_dir / "data", start_s, end_s),
         "report": report,
         "trace": rows_text,
+        "window_from_ms": (start_s - warmup_start_s) * 1000.0,
         "calibration": calibration,
         "calibration_after": calibration_after,
         "policy": policy,
@@ -306,7 +310,8 @@ def _get_text(base_url: str, path: str, api_key: str) -> str:
 
 # -- the twin's prediction -------------------------------------------------------------------
 def predict(live: Mapping[str, Any], block_size: int, work_dir: Path) -> dict[str, Any]:
-    """The twin's report of the exported window on the live profile of the end of warm-up."""
+    """The twin's report of the measured window on the live profile of the end of warm-up,
+    after replaying the warm-up (its requests are not reported)."""
     from twin.config import TwinConfig
     from twin.run import simulate
 
@@ -333,7 +338,8 @@ def predict(live: Mapping[str, Any], block_size: int, work_dir: Path) -> dict[st
         block_size=block_size,
         series_interval_s=max(1.0, float(live["report"].get("interval_s") or 1.0)),
     )
-    return simulate(config, rows, trace_label="recorded window")
+    measure_from_s = (live["window_from_ms"] - rows[0].timestamp_ms) / 1000.0
+    return simulate(config, rows, trace_label="recorded window", measure_from_s=measure_from_s)
 
 
 def _rows(text: str, block_size: int, work_dir: Path) -> list[TraceRow]:

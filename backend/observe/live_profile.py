@@ -1,20 +1,28 @@
 """The live cluster as a twin profile: what a what-if replays a recorded window on.
 
-A `kvcentric-profile/1` dict the twin reads like any measured profile: prefill and decode
-points on a grid, taken from the robust fit of the calibration window's measurements (the
-twin's ground truth, fitted afresh and unbounded), the serving path's own costs, the
-joined agents' capacities, and in `believed` the cost model the Conductor's policy ran with
-(its calibrated model, bounded per refit), so the twin's policy believes what live did.
+A `kvcentric-profile/1` dict the twin reads like any measured profile, built from the
+calibration window's measurements (the twin's ground truth, separate from what the policy
+believes): prefill points on a grid from the robust fit of the measured prefills; decode
+points as measured, the median step of every batch size seen often enough (the fit's grid
+beyond); in `spread` the quantiles of each prefill's and each step's ratio to those central
+times and of the serving path's dispatch and first-token delays, which the twin draws from
+(twin/spread.py); the joined agents' capacities; and in `believed` the cost model the
+Conductor's policy ran with (its calibrated model, bounded per refit), so the twin's policy
+believes what live did.
 """
 
 from collections.abc import Sequence
 from typing import Any
+
+import numpy as np
 
 from backend.policy.calibration import Calibrator
 from backend.policy.cost_model import PROFILE_FORMAT, DecodeFit, PrefillFit, fit_decode, fit_prefill
 from backend.rpc.reports import Join
 
 CACHED_FRACTIONS = (0.0, 0.25, 0.5, 0.75, 0.9)
+NUM_QUANTILES = 41  # every 2.5 %
+MIN_STEPS_PER_BATCH = 5  # a batch size measured less often takes the fit's times
 BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
 CONTEXT_PER_REQUEST_TOKENS = (16, 64, 256, 1024, 4096)
 
@@ -33,9 +41,17 @@ def live_profile(
         for n in inputs
         for cached in sorted({int(n * f) for f in CACHED_FRACTIONS})
     ]
+    measured_steps = _steps_by_batch(calibrator)
     decode_points = [
+        {"batch_size": b, "context_tokens": context, "seconds": seconds}
+        for b, steps in measured_steps.items()
+        for context, seconds in _row(steps)
+    ]
+    largest_batch = max(measured_steps, default=0)
+    decode_points += [
         {"batch_size": b, "context_tokens": b * c, "seconds": decode.step_s(b, b * c)}
         for b in BATCH_SIZES
+        if b > largest_batch
         for c in CONTEXT_PER_REQUEST_TOKENS
     ]
     prefill_agents = [a for a in agents if a.role == "prefill"] or list(agents)
@@ -56,6 +72,7 @@ def live_profile(
         "prefill_points": prefill_points,
         "decode_points": decode_points,
         "serving": _serving(calibrator),
+        "spread": _spread(calibrator, prefill, measured_steps),
         "believed": believed.to_profile(),
         "measured_from": {
             "prefill": prefill_source,
@@ -90,3 +107,57 @@ def _serving(calibrator: Calibrator) -> dict[str, float]:
         "first_token_s": serving.first_token_s,
         "per_token_s": serving.per_token_s,
     }
+
+
+def _steps_by_batch(calibrator: Calibrator) -> dict[int, list[tuple[int, float]]]:
+    """(context tokens, seconds) of the measured steps of every batch size seen often."""
+    steps: dict[int, list[tuple[int, float]]] = {}
+    for sample in calibrator.decode:
+        steps.setdefault(sample.batch_size, []).append((sample.context_tokens, sample.seconds))
+    return {b: v for b, v in sorted(steps.items()) if len(v) >= MIN_STEPS_PER_BATCH}
+
+
+def _row(steps: list[tuple[int, float]]) -> list[tuple[int, float]]:
+    """A batch size's measured row: the median step of its shorter and of its longer half of
+    contexts (one point when they coincide)."""
+    ordered = sorted(steps)
+    halves = [ordered[: len(ordered) // 2], ordered[len(ordered) // 2 :]]
+    points = {
+        int(np.median([c for c, _ in half])): float(np.median([t for _, t in half]))
+        for half in halves
+        if half
+    }
+    return sorted(points.items())
+
+
+def _spread(
+    calibrator: Calibrator, prefill: PrefillFit, steps: dict[int, list[tuple[int, float]]]
+) -> dict[str, list[float]]:
+    """Quantiles of the measured variation (see the module docstring); parts with too few
+    measurements are left out (the twin then runs them at their central times)."""
+    spread: dict[str, list[float]] = {}
+    if len(calibrator.prefill) >= calibrator.config.min_prefill_points:
+        factors = [
+            s.seconds / central
+            for s in calibrator.prefill
+            if (central := prefill.time_s(s.input_tokens, s.cached_tokens)) > 0
+        ]
+        spread["prefill_factor"] = _quantiles(factors)
+    if steps:
+        factors = [
+            t / median
+            for v in steps.values()
+            for median in [float(np.median([t for _, t in v]))]
+            for _, t in v
+        ]
+        spread["decode_factor"] = _quantiles(factors)
+    if len(calibrator.serving) >= calibrator.config.min_serving_points:
+        spread["dispatch_s"] = _quantiles([s.dispatch_s for s in calibrator.serving])
+        spread["first_token_s"] = _quantiles([s.first_token_s for s in calibrator.serving])
+    return spread
+
+
+def _quantiles(values: list[float]) -> list[float]:
+    return [
+        float(v) for v in np.quantile(np.maximum(values, 0.0), np.linspace(0, 1, NUM_QUANTILES))
+    ]

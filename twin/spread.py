@@ -1,0 +1,118 @@
+"""MeasuredSpread: the variation a live cluster showed, replayed in the twin.
+
+A live profile (`backend.observe.live_profile`) carries, besides the central times, the
+quantiles of what was measured around them: each prefill's and each decode step's ratio to
+the central time, and the serving path's dispatch and first-token delays. A twin run on it
+draws every duration's factor (and every delay) from those quantiles with a seeded
+generator, so the tails a loaded machine shows (a prefill slowed by a decode step beside
+it, a first token waiting behind a long step) reach the twin's queues and percentiles.
+"""
+
+import itertools
+import random
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from backend.policy.cost_model import ServingFit
+from twin.profile_fields import InstanceCapacities
+
+SPREAD_KEYS = ("prefill_factor", "decode_factor", "dispatch_s", "first_token_s")
+
+
+class Quantiles:
+    """Draws by the inverse of the CDF through evenly spaced quantiles (linear between)."""
+
+    def __init__(self, values: Sequence[float]) -> None:
+        if len(values) < 2 or any(b < a for a, b in itertools.pairwise(values)):
+            raise ValueError("quantiles must be at least two non-decreasing numbers")
+        if values[0] < 0:
+            raise ValueError("quantiles must be non-negative")
+        self.values = [float(v) for v in values]
+
+    def draw(self, rng: random.Random) -> float:
+        position = rng.random() * (len(self.values) - 1)
+        index = min(int(position), len(self.values) - 2)
+        low, high = self.values[index], self.values[index + 1]
+        return low + (high - low) * (position - index)
+
+    def at(self, q: float) -> float:
+        """The q-quantile (0 <= q <= 1)."""
+        position = q * (len(self.values) - 1)
+        index = min(int(position), len(self.values) - 2)
+        low, high = self.values[index], self.values[index + 1]
+        return low + (high - low) * (position - index)
+
+
+def read_spread(data: Mapping[str, Any]) -> dict[str, Quantiles]:
+    """The `spread` section: quantile lists by SPREAD_KEYS (each optional); ValueError names
+    the bad one."""
+    section = data.get("spread", {})
+    if not isinstance(section, Mapping):
+        raise ValueError("'spread' must be a JSON object")
+    unknown = sorted(set(section) - set(SPREAD_KEYS))
+    if unknown:
+        raise ValueError(f"'spread' has unknown key(s): {', '.join(unknown)}")
+    spreads = {}
+    for key, values in section.items():
+        try:
+            spreads[key] = Quantiles(values)
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"'spread.{key}': {error}") from None
+    return spreads
+
+
+class MeasuredSpread:
+    """A timing model whose durations and serving delays vary as the live ones did."""
+
+    def __init__(self, base: Any, spreads: Mapping[str, Quantiles], seed: int) -> None:
+        self.base = base
+        self.spreads = dict(spreads)
+        self._random = random.Random(seed)
+
+    @property
+    def name(self) -> str:
+        return f"{self.base.name}+measured-spread"
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return self.base.kv_bytes_per_token
+
+    @property
+    def link_bandwidth_bytes_per_s(self) -> float:
+        return self.base.link_bandwidth_bytes_per_s
+
+    @property
+    def link_latency_s(self) -> float:
+        return self.base.link_latency_s
+
+    @property
+    def instance(self) -> InstanceCapacities:
+        return self.base.instance
+
+    @property
+    def serving(self) -> ServingFit:
+        return self.base.serving
+
+    def _factor(self, key: str) -> float:
+        spread = self.spreads.get(key)
+        return spread.draw(self._random) if spread is not None else 1.0
+
+    def prefill_s(self, input_tokens: int, cached_tokens: int) -> float:
+        return self.base.prefill_s(input_tokens, cached_tokens) * self._factor("prefill_factor")
+
+    def decode_step_s(self, batch_size: int, context_tokens: int) -> float:
+        return self.base.decode_step_s(batch_size, context_tokens) * self._factor("decode_factor")
+
+    def transfer_s(self, num_bytes: int) -> float:
+        return self.base.transfer_s(num_bytes)
+
+    def load_s(self, num_bytes: int, tier: str) -> float:
+        return self.base.load_s(num_bytes, tier)
+
+    def dispatch_delay_s(self) -> float:
+        spread = self.spreads.get("dispatch_s")
+        return spread.draw(self._random) if spread is not None else self.serving.dispatch_s
+
+    def first_token_delay_s(self) -> float:
+        spread = self.spreads.get("first_token_s")
+        return spread.draw(self._random) if spread is not None else self.serving.first_token_s
