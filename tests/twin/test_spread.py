@@ -1,0 +1,77 @@
+"""The measured spread of a live profile: quantile draws, the profile section, the twin run."""
+
+import json
+import random
+
+import pytest
+
+from backend.observe.live_profile import live_profile
+from backend.policy.calibration import Calibrator, DecodeStepSample, PrefillSample, ServingSample
+from backend.policy.cost_model import CostModel, DecodeFit, LinkModel, PrefillFit
+from backend.rpc.reports import Join
+from twin.spread import Quantiles, read_spread
+from twin.timing import load_timing, policy_cost_model
+
+COST = CostModel(PrefillFit(0.01, 1e-4), DecodeFit(0.005, 0.002, 0.0), LinkModel(1e9), 2048)
+
+
+def test_quantile_draws_follow_the_measured_distribution() -> None:
+    quantiles = Quantiles([0.0, 1.0, 2.0, 10.0])  # thirds: [0,1], [1,2], [2,10]
+    rng = random.Random(1)
+    draws = sorted(quantiles.draw(rng) for _ in range(30_000))
+    assert draws[len(draws) // 3] == pytest.approx(1.0, abs=0.05)
+    assert draws[2 * len(draws) // 3] == pytest.approx(2.0, abs=0.1)
+    assert quantiles.at(0.5) == pytest.approx(1.5)
+    with pytest.raises(ValueError, match="non-decreasing"):
+        Quantiles([2.0, 1.0])
+
+
+def test_a_bad_spread_section_names_its_key() -> None:
+    with pytest.raises(ValueError, match="unknown key"):
+        read_spread({"spread": {"nope": [1, 2]}})
+    with pytest.raises(ValueError, match=r"'spread\.dispatch_s'"):
+        read_spread({"spread": {"dispatch_s": [3, 1]}})
+
+
+def _calibrator() -> Calibrator:
+    rng = random.Random(4)
+    calibrator = Calibrator(COST)
+    calibrator.add_prefill(
+        PrefillSample(0.0, n, 0, COST.prefill_time_s(n, 0) * rng.uniform(0.5, 2.0))
+        for n in (rng.randrange(20, 800) for _ in range(100))
+    )
+    calibrator.add_decode(
+        DecodeStepSample(0.0, b, 100 * b, COST.decode_step_time_s(b, 0) * rng.uniform(0.8, 1.5))
+        for b in (rng.randrange(1, 5) for _ in range(400))
+    )
+    calibrator.add_serving(
+        ServingSample(0.0, rng.uniform(0.01, 0.05), rng.uniform(0.0, 0.2)) for _ in range(50)
+    )
+    return calibrator
+
+
+def test_a_live_profile_runs_in_the_twin_with_its_spread(tmp_path) -> None:
+    agents = [
+        Join(0, "p0", "prefill", "", "", "tcp", "tiny", 16, 10**6, 10**9, 0),
+        Join(0, "d0", "decode", "", "", "tcp", "tiny", 16, 5 * 10**5, 10**9, 0),
+    ]
+    profile = live_profile(_calibrator(), agents)
+    assert set(profile["spread"]) == {
+        "prefill_factor",
+        "decode_factor",
+        "dispatch_s",
+        "first_token_s",
+    }
+    assert profile["instance"]["decode_kv_capacity_tokens"] == 5 * 10**5
+    # Decode rows as measured: batch sizes 1 to 4, each about its median step.
+    measured = {p["batch_size"] for p in profile["decode_points"] if p["batch_size"] <= 4}
+    assert measured == {1, 2, 3, 4}
+    path = tmp_path / "live.json"
+    path.write_text(json.dumps(profile))
+    timing = load_timing(str(path), seed=3)
+    delays = [timing.first_token_delay_s() for _ in range(2000)]
+    assert min(delays) >= 0.0 and max(delays) <= 0.2 and 0.08 < sum(delays) / 2000 < 0.12
+    steps = {round(timing.decode_step_s(2, 200), 6) for _ in range(20)}
+    assert len(steps) > 10  # each step drawn, not one constant
+    # The policy's beliefs never carry the spread: stripped before the profiling sweep.
+    assert policy_cost_model(timing) == policy_cost_model(load_timing(str(path), seed=9))
