@@ -184,6 +184,56 @@ def holders_text(holders: Mapping[str, str]) -> str:
     return ", ".join(f"{instance} ({tier})" for instance, tier in sorted(holders.items()))
 
 
+def calibration_figure(calibration: Mapping[str, Any]) -> go.Figure:
+    """Believed vs measured seconds of every prefill and decode step in the calibration
+    window (GET /v1/calibration), on log axes; on the diagonal the model is exact."""
+    figure = make_subplots(
+        rows=1,
+        cols=2,
+        subplot_titles=(
+            f"Prefill ({_error_text(calibration.get('prefill_median_rel_err'))})",
+            f"Decode step ({_error_text(calibration.get('decode_median_rel_err'))})",
+        ),
+    )
+    for col, kind in ((1, "prefill"), (2, "decode")):
+        points = calibration.get(kind) or []
+        measured = [p["measured_s"] * 1000 for p in points]
+        believed = [p["believed_s"] * 1000 for p in points]
+        figure.add_trace(
+            go.Scatter(
+                x=measured,
+                y=believed,
+                mode="markers",
+                marker={"size": 5, "color": _COLORS[col - 1], "opacity": 0.6},
+                name=f"{kind}: believed vs measured",
+            ),
+            row=1,
+            col=col,
+        )
+        if measured:
+            low = max(min(min(measured), min(believed)), 1e-3)
+            high = max(max(measured), max(believed))
+            figure.add_trace(
+                go.Scatter(
+                    x=[low, high],
+                    y=[low, high],
+                    mode="lines",
+                    line={"dash": "dot", "color": "gray"},
+                    name="exact",
+                    showlegend=col == 1,
+                ),
+                row=1,
+                col=col,
+            )
+        figure.update_xaxes(title_text="measured (ms)", type="log", row=1, col=col)
+        figure.update_yaxes(title_text="believed (ms)", type="log", row=1, col=col)
+    return _styled(figure)
+
+
+def _error_text(error: float | None) -> str:
+    return "no points yet" if error is None else f"median error {error:.0%}"
+
+
 def _on_wall_clock(report: Mapping[str, Any]) -> dict[str, Any]:
     """A shallow copy whose series' t_s are datetimes, for the twin's figure builders."""
     return {**report, "series": {**report["series"], "t_s": wall_times(report)}}

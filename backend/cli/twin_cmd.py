@@ -335,7 +335,7 @@ def validate_command(
         "split; {} is the base and is added first when missing.",
     ),
     slo_headroom: str = typer.Option(
-        "4",
+        "10",
         "--slo-headroom",
         metavar="H",
         help="SLOs as kvcentric up sets them: 10x TTFT / 5x TBT of a lone request on the "

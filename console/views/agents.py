@@ -7,8 +7,9 @@ from typing import Any
 import streamlit as st
 
 from console import format as fmt
+from console.charts import calibration_figure
 from console.connection import BackendError, client, settings, show_error
-from console.widgets import table
+from console.widgets import chart, table
 
 # Agents beat every second; one unheard of for longer than this is shown as late.
 LATE_AFTER_S = 3.0
@@ -60,6 +61,35 @@ def agents_panel() -> None:
     table([agent_row(agent) for agent in agents])
 
 
+def calibration_panel() -> None:
+    """What the Conductor believes against what the agents measured (GET /v1/calibration)."""
+    st.subheader("Calibration: the cost model against what the agents measure")
+    try:
+        calibration = client().calibration()
+    except BackendError as error:
+        show_error(error, "cannot read the calibration")
+        return
+    believed = calibration["believed"]
+    columns = st.columns(4)
+    columns[0].metric("Model", "calibrated" if calibration["status"] == "calibrated" else "profile")
+    columns[1].metric("Refits", fmt.count(calibration["num_refits"]))
+    window = calibration["window"]
+    columns[2].metric("Prefills measured", fmt.count(window["num_prefill"]))
+    columns[3].metric("Decode steps measured", fmt.count(window["num_decode"]))
+    serving = believed.get("serving", {})
+    st.caption(
+        f"Believed: {believed['name']}; serving path: dispatch "
+        f"{fmt.seconds(serving.get('dispatch_s'))}, first token "
+        f"{fmt.seconds(serving.get('first_token_s'))}, per token "
+        f"{fmt.seconds(serving.get('per_token_s'))}"
+        + ("" if calibration["enabled"] else "; calibration is off (measured, not applied)")
+    )
+    for note in calibration["notes"]:
+        st.info(note)
+    if calibration["prefill"] or calibration["decode"]:
+        chart(calibration_figure(calibration), "agents-calibration")
+
+
 def role_switch_form() -> None:
     st.subheader("Switch an agent's role")
     try:
@@ -108,3 +138,4 @@ refresh_s = settings().refresh_s
 is_live = st.toggle(f"Refresh every {refresh_s:g} s", value=True, key="agents_refresh")
 st.fragment(agents_panel, run_every=refresh_s if is_live else None)()
 role_switch_form()
+calibration_panel()

@@ -5,7 +5,7 @@ empty, and otherwise drains and switches the agent in the running Conductor."""
 import time
 
 from tests.console.conftest import ADMIN_TOKEN
-from tests.console.pages import errors, metrics, open_page
+from tests.console.pages import errors, metrics, num_charts, open_page
 from tests.harness.agents import AgentProcess, stop_agents
 from tests.runtime.conftest import SECRET
 
@@ -94,3 +94,17 @@ def test_a_confirmed_switch_drains_and_switches_the_agent_and_is_audited(app, ba
         while extra.instance_id in backend.conductor.runtime.agents():
             assert time.monotonic() < deadline, "the stopped agent is still listed"
             time.sleep(0.1)
+
+
+def test_the_calibration_panel_shows_believed_against_measured(app, backend):
+    open_page(app, "agents")
+    calibration = backend.get("/v1/calibration")
+    assert "Calibration: the cost model against what the agents measure" in [
+        h.value for h in app.subheader
+    ]
+    shown = metrics(app)
+    assert shown["Refits"] == str(calibration["num_refits"])
+    assert shown["Prefills measured"] == str(calibration["window"]["num_prefill"])
+    assert calibration["window"]["num_prefill"] > 0  # the fixture's traffic was measured
+    assert num_charts(app) >= 1  # the believed-vs-measured scatter
+    assert not errors(app)
