@@ -201,13 +201,20 @@ def policy_cost_model(timing: TimingModel, *, block_size: int = 512) -> CostMode
 
 
 def believed_from_profile(profile: str, block_size: int) -> CostModel:
-    """What the policy believes in a run on `profile`: the cost model the profile names in its
-    `believed` section (a live profile carries the Conductor's calibrated one), else the
-    policy's form fitted to a profiling sweep of its timing (`policy_cost_model`)."""
+    """What the policy believes in a run on `profile`, by the same function the Conductor
+    and the agents use (`CostModel.from_profile`): a live profile's `believed` section (the
+    Conductor's calibrated model), or the fit of a measured profile's points. Only an
+    analytic (roofline) profile, which no Conductor starts from, gets the policy's form
+    fitted to a profiling sweep of its timing (`policy_cost_model`)."""
     data, where = read_profile(profile)
     if isinstance(data, dict) and "believed" in data:
         try:
             return CostModel.from_profile(data["believed"])
         except ValueError as error:
             raise ValueError(f"{where}: 'believed': {error}") from None
+    if isinstance(data, dict) and "roofline" not in data:
+        try:
+            return CostModel.from_profile(data)
+        except ValueError as error:
+            raise ValueError(f"{where}: {error}") from None
     return policy_cost_model(load_timing(profile), block_size=block_size)

@@ -269,3 +269,17 @@ def test_policy_fit_is_close_but_not_the_truth(paper: RooflineTiming) -> None:
     assert belief.transfer_time_s(512) == pytest.approx(paper.transfer_s(512 * KV_BYTES))
     assert belief.kv_bytes_per_token == KV_BYTES
     assert policy_cost_model(NoisyTiming(paper, 0.3, seed=1)) == belief
+
+
+def test_the_twin_believes_what_the_conductor_and_the_agents_believe_on_a_profile() -> None:
+    """One function turns a profile into the policy's cost model (CostModel.from_profile):
+    the Conductor's --profile, an agent's --profile and the twin's policy agree exactly."""
+    import json
+
+    from backend.cli.conductor_cmd import cost_model
+    from backend.policy import CostModel
+    from twin.timing import believed_from_profile
+
+    conductor = cost_model("tiny-cpu")
+    agent = CostModel.from_profile(json.loads(profile_path("tiny-cpu").read_text()))
+    assert believed_from_profile("tiny-cpu", 16) == conductor == agent
