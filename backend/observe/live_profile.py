@@ -20,7 +20,6 @@ from backend.policy.calibration import Calibrator
 from backend.policy.cost_model import PROFILE_FORMAT, DecodeFit, PrefillFit, fit_decode, fit_prefill
 from backend.rpc.reports import Join
 
-CACHED_FRACTIONS = (0.0, 0.25, 0.5, 0.75, 0.9)
 NUM_QUANTILES = 41  # every 2.5 %
 MIN_STEPS_PER_BATCH = 5  # a batch size measured less often takes the fit's times
 BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -34,12 +33,14 @@ def live_profile(
     believed = calibrator.cost
     prefill, prefill_source = _window_prefill(calibrator)
     decode, decode_source = _window_decode(calibrator)
+    # Rows of one cached length each, over new tokens (how MeasuredTiming interpolates):
+    # every row holds the same new-token grid, so no row is a lone point.
     largest_input = max((s.input_tokens for s in calibrator.prefill), default=4096)
-    inputs = sorted({max(16, round(largest_input * 2 * 0.5**k)) for k in range(9)})
+    grid = sorted({max(1, round(largest_input * 2 * 0.5**k)) for k in range(10)})
     prefill_points = [
-        {"input_tokens": n, "cached_tokens": cached, "seconds": prefill.time_s(n, cached)}
-        for n in inputs
-        for cached in sorted({int(n * f) for f in CACHED_FRACTIONS})
+        {"input_tokens": c + n, "cached_tokens": c, "seconds": prefill.time_s(c + n, c)}
+        for c in [0, *grid]
+        for n in grid
     ]
     measured_steps = _steps_by_batch(calibrator)
     decode_points = [
