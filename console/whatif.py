@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from backend.policy.config import number_from_json
 from backend.traces.loader import TRACE_BLOCK_SIZE, TraceError, TraceRow, iter_trace
 from twin.compare import compare
 from twin.config import TwinConfig
@@ -67,20 +66,8 @@ def live_twin_config(
             f"the live cluster has {num_prefill} prefill and {num_decode} decode agents "
             "serving; the twin needs at least one of each"
         )
-    return TwinConfig(
-        num_prefill=num_prefill,
-        num_decode=num_decode,
-        scheduler=policy["prefill_scheduler"],
-        rejection=policy["rejection_policy"],
-        threshold=_threshold(policy["kvcache_balancing_threshold"]),
-        eviction=policy["eviction_policy"],
-        ttft_slo_s=float(policy["ttft_slo_s"]),
-        tbt_slo_s=float(policy["tbt_slo_s"]),
-        decode_time_s=float(policy["decode_time_s"]),
-        learn_decode_time=bool(policy["learn_decode_time"]),
-        seed=int(policy.get("seed", 0)),
-        profile=profile,
-        block_size=int(policy["block_size"]),
+    return TwinConfig.of_live_policy(
+        policy, num_prefill=num_prefill, num_decode=num_decode, profile=profile
     )
 
 
@@ -218,11 +205,6 @@ def run_whatif(
     if on_progress is not None:
         on_progress(1.0, f"done in {time.monotonic() - started_s:.1f} s")
     return outcome["result"]
-
-
-def _threshold(value: float | str) -> float:
-    """The live threshold; the API writes an infinite one as "inf" (strict JSON has no inf)."""
-    return float(number_from_json(value))
 
 
 def _busy(load: Mapping[str, Any]) -> float:

@@ -2,6 +2,7 @@
 
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ from backend.policy.config import (
     PolicyConfig,
     json_safe,
     number_from_json,
+    policy_from_json,
 )
 
 
@@ -98,6 +100,29 @@ class TwinConfig:
             learn_decode_time=self.learn_decode_time,
             seed=self.seed,
             **slos,
+        )
+
+    @classmethod
+    def of_live_policy(
+        cls, policy: Mapping[str, Any], *, num_prefill: int, num_decode: int, **others: Any
+    ) -> "TwinConfig":
+        """The twin of a live cluster: its split and its policy configuration as the REST
+        API writes it (PolicyConfig's names, the one JSON codec), SLOs included."""
+        config = PolicyConfig(**policy_from_json(policy))
+        return cls(
+            num_prefill=num_prefill,
+            num_decode=num_decode,
+            scheduler=config.prefill_scheduler,
+            rejection=config.rejection_policy,
+            threshold=config.kvcache_balancing_threshold,
+            eviction=config.eviction_policy,
+            ttft_slo_s=config.ttft_slo_s,
+            tbt_slo_s=config.tbt_slo_s,
+            decode_time_s=config.decode_time_s,
+            learn_decode_time=config.learn_decode_time,
+            seed=config.seed,
+            block_size=config.block_size,
+            **others,
         )
 
     def with_changes(self, **changes: Any) -> "TwinConfig":

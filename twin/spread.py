@@ -13,8 +13,7 @@ import random
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from backend.policy.cost_model import ServingFit
-from twin.profile_fields import InstanceCapacities
+from twin.wrapped import WrappedTiming
 
 SPREAD_KEYS = ("prefill_factor", "decode_factor", "dispatch_s", "first_token_s")
 
@@ -61,37 +60,17 @@ def read_spread(data: Mapping[str, Any]) -> dict[str, Quantiles]:
     return spreads
 
 
-class MeasuredSpread:
+class MeasuredSpread(WrappedTiming):
     """A timing model whose durations and serving delays vary as the live ones did."""
 
     def __init__(self, base: Any, spreads: Mapping[str, Quantiles], seed: int) -> None:
-        self.base = base
+        super().__init__(base)
         self.spreads = dict(spreads)
         self._random = random.Random(seed)
 
     @property
     def name(self) -> str:
         return f"{self.base.name}+measured-spread"
-
-    @property
-    def kv_bytes_per_token(self) -> int:
-        return self.base.kv_bytes_per_token
-
-    @property
-    def link_bandwidth_bytes_per_s(self) -> float:
-        return self.base.link_bandwidth_bytes_per_s
-
-    @property
-    def link_latency_s(self) -> float:
-        return self.base.link_latency_s
-
-    @property
-    def instance(self) -> InstanceCapacities:
-        return self.base.instance
-
-    @property
-    def serving(self) -> ServingFit:
-        return self.base.serving
 
     def _factor(self, key: str) -> float:
         spread = self.spreads.get(key)
@@ -102,12 +81,6 @@ class MeasuredSpread:
 
     def decode_step_s(self, batch_size: int, context_tokens: int) -> float:
         return self.base.decode_step_s(batch_size, context_tokens) * self._factor("decode_factor")
-
-    def transfer_s(self, num_bytes: int) -> float:
-        return self.base.transfer_s(num_bytes)
-
-    def load_s(self, num_bytes: int, tier: str) -> float:
-        return self.base.load_s(num_bytes, tier)
 
     def dispatch_delay_s(self) -> float:
         spread = self.spreads.get("dispatch_s")

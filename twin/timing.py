@@ -17,6 +17,7 @@ from twin.measured import MeasuredTiming
 from twin.profile_fields import InstanceCapacities
 from twin.roofline import RooflineTiming
 from twin.spread import MeasuredSpread, read_spread
+from twin.wrapped import WrappedTiming
 
 
 class TimingModel(Protocol):
@@ -62,39 +63,19 @@ class TimingModel(Protocol):
         ...
 
 
-class NoisyTiming:
+class NoisyTiming(WrappedTiming):
     """A timing model whose every nonzero duration is scaled by max(0.05, 1 + N(0, std))."""
 
     def __init__(self, base: TimingModel, relative_std: float, seed: int) -> None:
         if not 0.0 <= relative_std < 1.0:
             raise ValueError(f"relative_std must be in [0, 1), got {relative_std}")
-        self.base = base
+        super().__init__(base)
         self.relative_std = relative_std
         self._random = random.Random(seed)
 
     @property
     def name(self) -> str:
         return f"{self.base.name}+noise{self.relative_std:g}"
-
-    @property
-    def kv_bytes_per_token(self) -> int:
-        return self.base.kv_bytes_per_token
-
-    @property
-    def link_bandwidth_bytes_per_s(self) -> float:
-        return self.base.link_bandwidth_bytes_per_s
-
-    @property
-    def link_latency_s(self) -> float:
-        return self.base.link_latency_s
-
-    @property
-    def instance(self) -> InstanceCapacities:
-        return self.base.instance
-
-    @property
-    def serving(self) -> ServingFit:
-        return self.base.serving
 
     def _noisy(self, seconds: float) -> float:
         if self.relative_std == 0.0 or seconds == 0.0:
@@ -112,12 +93,6 @@ class NoisyTiming:
 
     def load_s(self, num_bytes: int, tier: str) -> float:
         return self._noisy(self.base.load_s(num_bytes, tier))
-
-    def dispatch_delay_s(self) -> float:
-        return self.base.dispatch_delay_s()
-
-    def first_token_delay_s(self) -> float:
-        return self.base.first_token_delay_s()
 
 
 def load_timing(profile: str, *, noise: float = 0.0, seed: int = 0) -> TimingModel:

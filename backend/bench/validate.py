@@ -25,6 +25,8 @@ from backend.cli.children import (
     KVCENTRIC,
     SECRET_BYTES,
     Child,
+    agent_child,
+    agent_names,
     free_port,
     get_json,
     stop_stack,
@@ -163,35 +165,16 @@ def run_live(
             )
         )
         wait_for("the conductor's /healthz", lambda: get_json(f"{base_url}/healthz"), children)
-        roles = ["prefill"] * num_prefill + ["decode"] * num_decode
-        counters = dict.fromkeys(("prefill", "decode"), 0)
-        for role in roles:
-            name = f"{role}-{counters[role]}"
-            counters[role] += 1
+        roles = agent_names(num_prefill, num_decode)
+        for role, name in roles:
             children.append(
-                Child(
-                    f"agent {name}",
-                    [
-                        KVCENTRIC,
-                        "agent",
-                        "--role",
-                        role,
-                        "--listen",
-                        "127.0.0.1:0",
-                        "--data-listen",
-                        "127.0.0.1:0",
-                        "--preset",
-                        "tiny",
-                        "--instance-id",
-                        name,
-                        "--block-size",
-                        str(settings.block_size),
-                        "--conductor",
-                        f"127.0.0.1:{grpc_port}",
-                    ],
-                    env,
-                    logs / f"agent-{name}.log",
-                    stdout_pipe=False,
+                agent_child(
+                    role,
+                    name,
+                    block_size=settings.block_size,
+                    conductor=f"127.0.0.1:{grpc_port}",
+                    env=env,
+                    logs=logs,
                 )
             )
 
@@ -320,24 +303,16 @@ def predict(live: Mapping[str, Any], block_size: int, work_dir: Path) -> dict[st
         raise ValueError("the measured window recorded no request; replay a longer window")
     profile_path = work_dir / "live-profile.json"
     profile_path.write_text(json.dumps(live["calibration"]["profile"]))
-    policy = live["policy"]["config"]
     num_prefill, num_decode = live["split"]
-    config = TwinConfig(
+    config = TwinConfig.of_live_policy(
+        live["policy"]["config"],
         num_prefill=num_prefill,
         num_decode=num_decode,
-        scheduler=policy["prefill_scheduler"],
-        rejection=policy["rejection_policy"],
-        threshold=float(policy["kvcache_balancing_threshold"]),
-        eviction=policy["eviction_policy"],
-        ttft_slo_s=float(policy["ttft_slo_s"]),
-        tbt_slo_s=float(policy["tbt_slo_s"]),
-        decode_time_s=float(policy["decode_time_s"]),
-        learn_decode_time=bool(policy["learn_decode_time"]),
-        seed=int(policy.get("seed", 0)),
         profile=str(profile_path),
-        block_size=block_size,
         series_interval_s=max(1.0, float(live["report"].get("interval_s") or 1.0)),
     )
+    if config.block_size != block_size:
+        raise ValueError(f"the Conductor ran block size {config.block_size}, not {block_size}")
     measure_from_s = (live["window_from_ms"] - rows[0].timestamp_ms) / 1000.0
     return simulate(config, rows, trace_label="recorded window", measure_from_s=measure_from_s)
 

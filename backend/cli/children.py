@@ -60,6 +60,27 @@ class Child:
         self._log_file.close()
 
 
+def agent_names(num_prefill: int, num_decode: int) -> list[tuple[str, str]]:
+    """(role, instance id) of a stack's agents, each role numbered from 0."""
+    return [("prefill", f"prefill-{i}") for i in range(num_prefill)] + [
+        ("decode", f"decode-{i}") for i in range(num_decode)
+    ]
+
+
+def agent_child(
+    role: str, instance_id: str, *, block_size: int, conductor: str, env: dict[str, str], logs: Path
+) -> Child:
+    """A `tiny` agent on free loopback ports that joins `conductor` ("host:port")."""
+    args = [
+        KVCENTRIC, "agent", "--role", role, "--listen", "127.0.0.1:0",
+        "--data-listen", "127.0.0.1:0", "--preset", "tiny", "--instance-id", instance_id,
+        "--block-size", str(block_size), "--conductor", conductor,
+    ]  # fmt: skip
+    return Child(
+        f"agent {instance_id}", args, env, logs / f"agent-{instance_id}.log", stdout_pipe=False
+    )
+
+
 def free_port(host: str) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))

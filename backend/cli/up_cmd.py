@@ -24,6 +24,8 @@ from backend.cli.children import (
     SECRET_BYTES,
     Child,
     ChildFailed,
+    agent_child,
+    agent_names,
     answers,
     free_port,
     get_json,
@@ -149,32 +151,16 @@ def up_command(
                         stdout_pipe=False,
                     )
                 )
-            roles = ["prefill"] * prefill + ["decode"] * decode
-            for index, role in enumerate(roles):
+            roles = agent_names(prefill, decode)
+            for role, name in roles:
                 children.append(
-                    Child(
-                        f"agent {role}-{index}",
-                        [
-                            KVCENTRIC,
-                            "agent",
-                            "--role",
-                            role,
-                            "--listen",
-                            "127.0.0.1:0",
-                            "--data-listen",
-                            "127.0.0.1:0",
-                            "--preset",
-                            "tiny",
-                            "--instance-id",
-                            f"{role}-{index}",
-                            "--block-size",
-                            block_size,
-                            "--conductor",
-                            f"127.0.0.1:{gport}",
-                        ],
-                        env,
-                        logs / f"agent-{role}-{index}.log",
-                        stdout_pipe=False,
+                    agent_child(
+                        role,
+                        name,
+                        block_size=DEMO_BLOCK_SIZE,
+                        conductor=f"127.0.0.1:{gport}",
+                        env=env,
+                        logs=logs,
                     )
                 )
 
