@@ -46,7 +46,7 @@ def live_profile(
     decode_points = [
         {"batch_size": b, "context_tokens": context, "seconds": seconds}
         for b, steps in measured_steps.items()
-        for context, seconds in _row(steps)
+        for context, seconds in _row(steps, decode.per_context_token_s)
     ]
     largest_batch = max(measured_steps, default=0)
     decode_points += [
@@ -118,17 +118,12 @@ def _steps_by_batch(calibrator: Calibrator) -> dict[int, list[tuple[int, float]]
     return {b: v for b, v in sorted(steps.items()) if len(v) >= MIN_STEPS_PER_BATCH}
 
 
-def _row(steps: list[tuple[int, float]]) -> list[tuple[int, float]]:
-    """A batch size's measured row: the median step of its shorter and of its longer half of
-    contexts (one point when they coincide)."""
-    ordered = sorted(steps)
-    halves = [ordered[: len(ordered) // 2], ordered[len(ordered) // 2 :]]
-    points = {
-        int(np.median([c for c, _ in half])): float(np.median([t for _, t in half]))
-        for half in halves
-        if half
-    }
-    return sorted(points.items())
+def _row(steps: list[tuple[int, float]], per_context_token_s: float) -> list[tuple[int, float]]:
+    """A batch size's measured row: its median step at its median context, and the window
+    fit's slope over context (a batch size's own contexts span too little to give one)."""
+    context = int(np.median([c for c, _ in steps]))
+    seconds = float(np.median([t for _, t in steps]))
+    return [(context, seconds), (context + 1024, seconds + 1024 * per_context_token_s)]
 
 
 def _spread(
