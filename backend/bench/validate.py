@@ -4,8 +4,10 @@ For each change (policy settings by their PolicyConfig names, `prefill`/`decode`
 split; `{}` is the base) it starts its own stack on this machine as `kvcentric up` does
 (Conductor on SQLite, `tiny` agents), replays the warm-up window (the calibration's data),
 takes the Conductor's calibration as of then (GET /v1/calibration: the live profile, with
-the model the policy believed), replays the measured window, exports it, predicts it with
-the twin on that profile and compares. The twin never sees what the window measured.
+the model the policy believed), replays the measured window, exports warm-up and window,
+and predicts the window with the twin on that profile (the twin replays the warm-up first,
+to warm its caches and queues, and reports the window only). The twin never sees what the
+window measured.
 """
 
 import dataclasses
@@ -17,6 +19,7 @@ import secrets
 import tempfile
 import time
 import urllib.parse
+import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -36,7 +39,6 @@ from backend.observe.measures import FIDELITY_METRICS, relative_error
 from backend.policy.config import PolicyConfig, json_safe, policy_from_json
 from backend.traces.loader import TraceRow, iter_trace, load_trace, parse_minutes
 
-METRICS = FIDELITY_METRICS
 RANKED = ("ttft_mean_s", "goodput_rps")
 SPLIT_KEYS = ("prefill", "decode")
 POLICY_KEYS = tuple(f.name for f in dataclasses.fields(PolicyConfig))
@@ -282,8 +284,6 @@ def _get(base_url: str, path: str, api_key: str) -> Any:
 
 
 def _get_text(base_url: str, path: str, api_key: str) -> str:
-    import urllib.request
-
     request = urllib.request.Request(
         f"{base_url}{path}", headers={"Authorization": f"Bearer {api_key}"}
     )
@@ -327,7 +327,7 @@ def _rows(text: str, block_size: int, work_dir: Path) -> list[TraceRow]:
 def compare_metrics(live: Mapping[str, Any], twin: Mapping[str, Any]) -> dict[str, Any]:
     """{metric: {"live": x, "twin": y, "rel_err": (y - x) / |x|}} (rel_err None when x is 0)."""
     compared = {}
-    for name in METRICS:
+    for name in FIDELITY_METRICS:
         x, y = live.get(name), twin.get(name)
         compared[name] = {"live": x, "twin": y, "rel_err": relative_error(x, y)}
     return compared
@@ -359,7 +359,7 @@ def directions(configs: Sequence[Mapping[str, Any]]) -> dict[str, int]:
     base = configs[0]["metrics"]
     right = total = 0
     for config in configs[1:]:
-        for name in METRICS:
+        for name in FIDELITY_METRICS:
             live_base, twin_base = base[name]["live"], base[name]["twin"]
             live, twin = config["metrics"][name]["live"], config["metrics"][name]["twin"]
             if None in (live_base, twin_base, live, twin) or live == live_base:

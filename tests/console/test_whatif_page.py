@@ -200,3 +200,21 @@ def test_a_live_infinite_threshold_is_modelled_as_infinite(app, backend):
         assert app.checkbox[0].value  # "never fetch remote prefixes" starts ticked
     finally:
         backend.put_config({"kvcache_balancing_threshold": 2.0})
+
+
+def test_the_page_shows_how_far_to_trust_the_twin_on_the_window(app, backend):
+    open_page(app, "whatif")
+    _run_whatif(app, threshold=4.0)
+    assert "How far to trust the twin" in [h.value for h in app.subheader]
+    whatif = app.session_state["whatif_result"]
+    window = {key: whatif["trace"][key] for key in ("start_s", "end_s")}
+    measured = backend.get("/v1/report", **window)
+    trust = next(frame.value for frame in app.dataframe if "live (measured)" in frame.value.columns)
+    rows = {row["metric"]: row for row in trust.to_dict("records")}
+    assert rows["num_completed"]["live (measured)"] == fmt.metric(
+        "num_completed", measured["num_completed"]
+    )
+    current = whatif["result"]["reports"]["baseline"]
+    assert rows["ttft_p50_s"]["twin (current config)"] == fmt.metric(
+        "ttft_p50_s", current["ttft_p50_s"]
+    )

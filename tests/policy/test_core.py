@@ -247,3 +247,15 @@ def test_the_arrival_check_travels_with_the_dispatch_under_the_configuration_in_
     assert to_decode.arrival_check == ArrivalCheck(0.5, linear_cost().decode)
     (to_decode,) = core.handle(PrefillFinished(0.2, "b", "P1"))
     assert to_decode.arrival_check == ArrivalCheck(0.25, linear_cost().decode)
+
+
+def test_admission_refuses_past_the_configured_in_flight_limit() -> None:
+    config = PolicyConfig(block_size=16, rejection_policy="none", max_in_flight_requests=2)
+    core = make_core(config, linear_cost(), prefill=("P1",), decode=("D1",))
+    assert type(core.handle(RequestArrived(0.0, "a", (1,), 20, 4))[0]) is DispatchPrefill
+    assert type(core.handle(RequestArrived(0.0, "b", (2,), 20, 4))[0]) is DispatchPrefill
+    (refused,) = core.handle(RequestArrived(0.0, "c", (3,), 20, 4))
+    assert (refused.reason, refused.stage) == ("in_flight_limit", "admission")
+    assert "max_in_flight_requests" in refused.message
+    core.handle(RequestFailed(0.1, "a", "gone"))  # one ends: room again
+    assert type(core.handle(RequestArrived(0.2, "d", (4,), 20, 4))[0]) is DispatchPrefill

@@ -140,3 +140,23 @@ def test_a_bad_max_points_is_a_4xx(tmp_path, bad) -> None:
         assert reply.status_code == 422 and reply.json()["error"]["message"]
     finally:
         conductor.stop()
+
+
+def test_kv_events_reach_the_index_on_the_heartbeat_channel_before_the_answer(tmp_path) -> None:
+    """One channel: the agent flushes a prefill's KV events in a heartbeat before it answers,
+    so the index holds the prompt's blocks when the request's prefill is over, although the
+    periodic heartbeat is far away and the events in the answer are no longer applied."""
+    from backend.policy import block_keys
+    from tests.runtime.conftest import BLOCK
+
+    settings = _settings(tmp_path, heartbeat_interval_s=30.0, heartbeat_timeout_s=60.0)
+    with conductor_stack(settings, ["prefill", "decode"], profile="tiny-cpu") as stack:
+        url, runtime = stack.url, stack.runtime
+        time.sleep(0.5)  # past the joins' first heartbeats; the next periodic one is 30 s off
+        tokens = list(range(1, 4 * BLOCK + 5))
+        assert _submit(url, runtime, tokens).state == "completed"
+        keys = block_keys(tokens, BLOCK)
+        (prefill_id,) = [i for i, a in runtime.agents().items() if a.join.role == "prefill"]
+        with runtime.locked():
+            held = runtime.core.index.prefix_blocks(keys, [prefill_id])
+        assert held == {prefill_id: len(keys)}
