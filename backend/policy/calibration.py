@@ -225,14 +225,15 @@ class Calibrator:
             "decode_median_rel_err": _median_rel_err(decode),
         }
 
-    def to_state(self) -> dict[str, Any]:
-        """JSON-ready window and model, so a restarted Conductor resumes where it was."""
+    def to_state(self, max_samples: int = 1024) -> dict[str, Any]:
+        """JSON-ready model and the newest `max_samples` of each kind of the window, so a
+        restarted Conductor resumes where it was (saved after each refit: kept small)."""
         return {
             "cost": self.cost.to_profile(),
             "num_refits": self.num_refits,
-            "prefill": [asdict(s) for s in self.prefill],
-            "decode": [asdict(s) for s in self.decode],
-            "serving": [asdict(s) for s in self.serving],
+            "prefill": [asdict(s) for s in list(self.prefill)[-max_samples:]],
+            "decode": [asdict(s) for s in list(self.decode)[-max_samples:]],
+            "serving": [asdict(s) for s in list(self.serving)[-max_samples:]],
         }
 
     def restore(self, state: Mapping[str, Any]) -> None:
