@@ -135,7 +135,7 @@ class Heartbeats:
                 )  # fmt: skip
             return False
         if not reply.accepted:
-            logger.warning(
+            logger.error(
                 "conductor %s did not accept %s: %s; retrying in %.2f s",
                 self.conductor, agent.instance_id, reply.message or "no reason", retry_s,
             )  # fmt: skip

@@ -1,6 +1,7 @@
 """The `kvcentric` command line: one typer app, one sub-app per part."""
 
 import typer
+from typer.core import TyperOption
 
 from backend.cli import (
     bench_agents_cmd,  # noqa: F401  (adds the agents' benchmarks)
@@ -8,13 +9,23 @@ from backend.cli import (
 )
 from backend.cli.agent_cmd import agent_command
 from backend.cli.bench_cmd import bench_app
-from backend.cli.conductor_cmd import conductor_command
+from backend.cli.conductor_cmd import CONDUCTOR_EPILOG, conductor_command
 from backend.cli.console_cmd import console_command
 from backend.cli.profile_cmd import profile
 from backend.cli.replay_cmd import replay_command
 from backend.cli.trace_cmd import trace_app
 from backend.cli.twin_cmd import twin_app
 from backend.cli.up_cmd import up_command
+
+_display_type_rich = TyperOption.display_type_rich
+
+
+def _no_type_for_flags(self: TyperOption, ctx: typer.Context) -> str | None:
+    """typer 0.29 prints `<bool>` after flags that take no value (`--help <bool>`)."""
+    return None if self.is_flag else _display_type_rich(self, ctx)
+
+
+TyperOption.display_type_rich = _no_type_for_flags  # type: ignore[method-assign]
 
 app = typer.Typer(
     name="kvcentric",
@@ -27,7 +38,7 @@ app.add_typer(trace_app, name="trace")
 app.add_typer(bench_app, name="bench")
 app.add_typer(twin_app, name="twin")
 app.command("agent")(agent_command)
-app.command("conductor")(conductor_command)
+app.command("conductor", epilog=CONDUCTOR_EPILOG)(conductor_command)
 app.command("console")(console_command)
 app.command("profile")(profile)
 app.command("replay")(replay_command)

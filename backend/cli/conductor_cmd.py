@@ -54,6 +54,18 @@ def cost_model(profile: str | None) -> "CostModel":
         raise ValueError(f"{where} has no usable cost model: {error}") from None
 
 
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def configure_logging(level: str) -> None:
+    """Levelled lines on stderr, each with time, level and logger; quiets the libraries that
+    narrate their own start (Alembic's plugin setup, one line per plugin)."""
+    logging.basicConfig(level=level.upper(), stream=sys.stderr, format=LOG_FORMAT, force=True)
+    logging.getLogger("alembic.runtime.plugins").setLevel(
+        max(logging.WARNING, logging.getLogger().level)
+    )
+
+
 def start_conductor(settings: ConductorSettings, *, profile: str | None = None) -> Conductor:
     """Migrate, start the runtime on the wall clock and build the app with its database;
     `profile`: the cost model's profile (see `--profile`)."""
@@ -77,6 +89,33 @@ def start_conductor(settings: ConductorSettings, *, profile: str | None = None) 
         engine.dispose()
         raise
     return Conductor(settings, runtime, app, engine, version)
+
+
+SECRET_VARIABLES = ("api_keys", "admin_token", "agent_secret")
+
+
+def _settings_epilog() -> str:
+    """Where each setting comes from, and every `KVC_*` variable (from the settings class)."""
+    others = [
+        f"KVC_{name.upper()}"
+        for name in ConductorSettings.model_fields
+        if name not in (*SECRET_VARIABLES, "config_file")
+    ]
+    return (
+        "Settings, highest precedence first: these flags, KVC_* environment variables, the "
+        "--config TOML file (the same names in lower case), the defaults.\n\n"
+        "Secrets come from the environment or the file only (a flag shows in process "
+        "listings): KVC_API_KEYS=NAME:KEY[,NAME:KEY...], KVC_ADMIN_TOKEN, "
+        "KVC_AGENT_SECRET; --dev generates missing ones.\n\n"
+        f"Every other setting: KVC_CONFIG_FILE, {', '.join(others)}.\n\n"
+        "Example:\n\n"
+        "KVC_API_KEYS=me:$(openssl rand -hex 16) "
+        "KVC_ADMIN_TOKEN=$(openssl rand -hex 16) KVC_AGENT_SECRET=$(openssl rand -hex 16) "
+        "kvcentric conductor --profile tiny-cpu"
+    )
+
+
+CONDUCTOR_EPILOG = _settings_epilog()
 
 
 def conductor_command(
@@ -118,7 +157,7 @@ def conductor_command(
     except ValueError as error:
         typer.echo(f"error: --profile: {error}", err=True)
         raise typer.Exit(_EXIT_BAD_INPUT) from None
-    logging.basicConfig(level=settings.log_level.upper(), stream=sys.stderr)
+    configure_logging(settings.log_level)
     import uvicorn
 
     try:
@@ -138,7 +177,8 @@ def conductor_command(
             host=settings.host,
             port=settings.port,
             log_level=settings.log_level,
-            access_log=settings.access_log,
+            log_config=None,  # ours (configure_logging); the access lines are ours too
+            access_log=False,
             lifespan="off",
         )
     )

@@ -8,19 +8,42 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from backend.cli.secrets_file import DEFAULT_PATH as DEFAULT_SECRETS_PATH
+from backend.cli.secrets_file import read_secrets
 from backend.loadgen.plan import ReplayConfig, plan_requests
 from backend.loadgen.replay import PreflightError, check_server, replay
 from backend.loadgen.results import ReplaySummary, RequestResult, summarize
+from backend.traces import SHIPPED_TRACE
 from backend.traces.loader import TraceError, load_trace, parse_minutes
 
 _EXIT_BAD_INPUT = 2
+DEFAULT_URL = "http://127.0.0.1:8000"
 
 
 def replay_command(
-    url: str = typer.Option(..., "--url", help="Base URL of the REST API, e.g. http://host:8000."),
-    trace: Path = typer.Option(..., "--trace", metavar="FILE", help="Mooncake-format JSONL trace."),
-    api_key: str = typer.Option(..., "--api-key", envvar="KVC_API_KEY", help="API key."),
-    out: Path = typer.Option(..., "--out", help="Results file: one JSON line per request."),
+    url: str | None = typer.Option(
+        None,
+        "--url",
+        help="Base URL of the REST API, e.g. http://host:8000. Default: the --secrets-file's, "
+        f"else {DEFAULT_URL}.",
+    ),
+    trace: Path = typer.Option(
+        SHIPPED_TRACE,
+        "--trace",
+        metavar="FILE",
+        help="Mooncake-format JSONL trace. Default: the shipped conversation trace.",
+    ),
+    api_key: str | None = typer.Option(
+        None, "--api-key", envvar="KVC_API_KEY", help="API key. Default: the --secrets-file's."
+    ),
+    secrets_file: Path = typer.Option(
+        DEFAULT_SECRETS_PATH,
+        "--secrets-file",
+        help="Where `kvcentric up` saved the URL and keys (read when present).",
+    ),
+    out: Path = typer.Option(
+        Path("replay-results.jsonl"), "--out", help="Results file: one JSON line per request."
+    ),
     speed: float = typer.Option(
         1.0, "--speed", min=0.0, help="Arrival-time speed-up (2: twice as fast)."
     ),
@@ -36,6 +59,13 @@ def replay_command(
     concurrency_limit: int | None = typer.Option(
         None, "--concurrency-limit", min=1, help="Most requests in flight; later ones wait."
     ),
+    wait_s: float = typer.Option(
+        60.0,
+        "--wait-s",
+        min=0.0,
+        help="Wait up to this long for the Conductor to answer and a prefill and a decode "
+        "agent to join (a stack still starting) before the first request.",
+    ),
 ) -> None:
     """Send each trace row to POST /v1/native/requests at its (scaled) arrival time.
 
@@ -43,6 +73,17 @@ def replay_command(
     trace's output lengths times --length-scale. TTFT and token gaps are measured here.
     """
     err = Console(stderr=True)
+    try:
+        saved = read_secrets(secrets_file)
+    except (OSError, ValueError) as error:
+        _fail(f"--secrets-file: {error}")
+    url = url or saved.get("KVC_URL") or DEFAULT_URL
+    api_key = api_key or saved.get("KVC_API_KEY")
+    if not api_key:
+        _fail(
+            f"no API key: pass --api-key, set KVC_API_KEY, or point --secrets-file at the "
+            f"file `kvcentric up` wrote (no {secrets_file})"
+        )
     try:
         config = ReplayConfig(speed=speed, length_scale=length_scale, max_tokens_cap=max_tokens_cap)
         window = parse_minutes(minutes) if minutes is not None else None
@@ -53,7 +94,9 @@ def replay_command(
         _fail(f"{trace}: cannot read the trace: {error.strerror or error}")
     base_url = url.rstrip("/")
     try:
-        check_server(base_url, api_key)
+        check_server(
+            base_url, api_key, wait_s=wait_s, on_wait=lambda text: typer.echo(text, err=True)
+        )
     except PreflightError as error:
         _fail(str(error))
     planned = plan_requests(rows, config)

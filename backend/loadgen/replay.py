@@ -18,6 +18,7 @@ from backend.loadgen.plan import PlannedRequest
 from backend.loadgen.results import RequestResult
 
 _CONNECT_TIMEOUT_S = 5.0
+_WAIT_POLL_S = 0.5
 
 
 class PreflightError(Exception):
@@ -30,21 +31,59 @@ class ReplayRun:
     duration_s: float
 
 
-def check_server(base_url: str, api_key: str) -> None:
-    """Raise PreflightError unless GET /healthz answers and the key lists the models."""
+def check_server(
+    base_url: str,
+    api_key: str,
+    *,
+    wait_s: float = 0.0,
+    on_wait: Callable[[str], None] | None = None,
+) -> None:
+    """Raise PreflightError unless GET /healthz answers, the key lists the models and a
+    prefill and a decode agent have joined; waits up to `wait_s` for the Conductor and its
+    agents (a stack being started), telling `on_wait` once what it waits for."""
+    deadline_s = time.monotonic() + wait_s
+    told = ""
+    while True:
+        try:
+            _check_once(base_url, api_key)
+            return
+        except PreflightError as error:
+            waitable = isinstance(error, _NotYet)
+            if not waitable or time.monotonic() >= deadline_s:
+                raise PreflightError(str(error)) from None
+            if on_wait is not None and str(error) != told:
+                told = str(error)
+                on_wait(f"{told}; waiting up to {wait_s:g} s")
+            time.sleep(_WAIT_POLL_S)
+
+
+class _NotYet(PreflightError):
+    """What a starting stack has not done yet (answer, have agents): worth waiting for."""
+
+
+def _check_once(base_url: str, api_key: str) -> None:
     headers = {"Authorization": f"Bearer {api_key}"}
     try:
         with httpx.Client(base_url=base_url, timeout=_CONNECT_TIMEOUT_S) as client:
             health = client.get("/healthz")
             if health.status_code != 200:
-                raise PreflightError(f"{base_url}/healthz answered HTTP {health.status_code}")
+                raise _NotYet(f"{base_url}/healthz answered HTTP {health.status_code}")
             models = client.get("/v1/models", headers=headers)
+            agents = client.get("/v1/agents", headers=headers) if models.is_success else None
     except httpx.HTTPError as error:
-        raise PreflightError(f"cannot reach {base_url}: {error or type(error).__name__}") from None
+        raise _NotYet(f"cannot reach {base_url}: {error or type(error).__name__}") from None
     if models.status_code == 401:
         raise PreflightError(f"{base_url} refused the API key (HTTP 401); check --api-key")
-    if models.status_code != 200:
-        raise PreflightError(f"{base_url}/v1/models answered HTTP {models.status_code}")
+    if models.status_code != 200 or agents is None or agents.status_code != 200:
+        status = models.status_code if models.status_code != 200 else agents.status_code
+        raise PreflightError(f"{base_url} answered HTTP {status} to the preflight")
+    roles = {a.get("role") for a in agents.json() if a.get("state", "active") == "active"}
+    missing = [role for role in ("prefill", "decode") if role not in roles]
+    if missing:
+        raise _NotYet(
+            f"{base_url} has no {' and no '.join(missing)} agent yet (start one with "
+            f"`kvcentric agent --role {missing[0]} --conductor HOST:PORT ...`)"
+        )
 
 
 async def replay(

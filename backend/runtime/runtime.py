@@ -250,7 +250,11 @@ class ConductorRuntime(EffectHandler):
     # -- agents: joins, heartbeats, death ----------------------------------------------------
     def on_join(self, join: Join) -> tuple[bool, str]:
         if join.block_size != self.config.block_size:
-            message = f"block size {join.block_size} != the Conductor's {self.config.block_size}"
+            message = (
+                f"its block size is {join.block_size} tokens, the Conductor's "
+                f"{self.config.block_size}: start the agent with --block-size "
+                f"{self.config.block_size} (or the Conductor with KVC_BLOCK_SIZE={join.block_size})"
+            )
             return False, message
         channel = grpc.insecure_channel(join.control_address)
         info = AgentInfo(join, self._clock(), channel, pb_grpc.AgentStub(channel))
@@ -738,7 +742,7 @@ class ConductorRuntime(EffectHandler):
             outcome = self._outcome("rejected", reason, message.stage or "decode")
         else:
             event = ev.DecodeFinished(now_s, stream.request_id)
-            # DESIGN.md's TTFT: arrival to the first token leaving the Conductor.
+            # TTFT (backend/observe/measures.py): arrival to the first token leaving the Conductor.
             first_s = stream.token_times_s[0] if stream.token_times_s else now_s
             ttft_s = first_s - stream.arrival_s
             outcome = dataclasses.replace(self._outcome("completed", None), ttft_s=ttft_s)

@@ -103,9 +103,10 @@ class ConductorSettings(BaseSettings):
     grpc_host: str = "127.0.0.1"
     grpc_port: Port = 50051
     log_level: Literal["debug", "info", "warning", "error"] = "info"
-    # One log line per HTTP request. Off by default: the database records every request, and
-    # at hundreds of requests a second the lines cost more than the requests.
-    access_log: bool = False
+    # One `kvcentric.access` line per HTTP request (method, path, status, latency, client,
+    # request id; backend/api/access_log.py). Turn off at hundreds of requests a second,
+    # where the lines cost more than the requests: the database records every request anyway.
+    access_log: bool = True
 
     data_dir: Path = Path("data")
     # Empty: a SQLite file `kvcentric.db` under data_dir. Else sqlite:// or postgresql[+driver]://.
@@ -237,19 +238,20 @@ class ConductorSettings(BaseSettings):
     def _missing_secrets(self) -> list[str]:
         if self.dev:
             return []
+        # Secrets have no command-line flags: a flag's value shows in every process listing.
         missing = [
-            (what, f"{ENV_PREFIX}{name.upper()}", f"--{name.replace('_', '-')}")
-            for what, name, value in (
-                ("no API keys", "api_keys", self.api_keys),
-                ("no admin token", "admin_token", self.admin_token),
-                ("no agent secret", "agent_secret", self.agent_secret),
+            (what, name, example)
+            for what, name, value, example in (
+                ("no API keys", "api_keys", self.api_keys, "NAME:KEY[,NAME:KEY...]"),
+                ("no admin token", "admin_token", self.admin_token, "TOKEN"),
+                ("no agent secret", "agent_secret", self.agent_secret, "SECRET"),
             )
             if not value
         ]
         return [
-            f"{what}: set {env} (or {flag}, or {flag[2:].replace('-', '_')} in the config "
+            f"{what}: set {ENV_PREFIX}{name.upper()}={example} (or {name} in the --config "
             "file), or start with --dev to generate development secrets"
-            for what, env, flag in missing
+            for what, name, example in missing
         ]
 
     def _reused_secrets(self) -> list[str]:

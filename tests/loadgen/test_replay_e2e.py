@@ -86,10 +86,19 @@ def test_an_unreachable_url_exits_2_with_one_line(short_trace, tmp_path):
         port = sock.getsockname()[1]  # bound, never listening: connections are refused
         result = _replay(
             "--url", f"http://127.0.0.1:{port}", "--trace", str(short_trace),
-            "--out", str(tmp_path / "r.jsonl"),
+            "--out", str(tmp_path / "r.jsonl"), "--wait-s", "0",
         )  # fmt: skip
-    assert result.exit_code == 2
-    assert "cannot reach" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+        assert result.exit_code == 2
+        assert "cannot reach" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+        # A stack still starting is waited for (--wait-s, 60 s by default), saying so once.
+        waited = _replay(
+            "--url", f"http://127.0.0.1:{port}", "--trace", str(short_trace),
+            "--out", str(tmp_path / "r.jsonl"), "--wait-s", "1",
+        )  # fmt: skip
+    assert waited.exit_code == 2
+    first, last = waited.stderr.strip().splitlines()
+    assert first.startswith("cannot reach") and first.endswith("; waiting up to 1 s")
+    assert last.startswith("error: cannot reach")
 
 
 def test_a_wrong_api_key_exits_2(url, short_trace, tmp_path):

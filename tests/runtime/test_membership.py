@@ -77,6 +77,7 @@ def test_join_heartbeat_and_death_by_silence(conductor) -> None:
 
     wrong = stub.Join(_join("p0", pb.PREFILL, block_size=BLOCK * 2), metadata=secret)
     assert not wrong.accepted and "block size" in wrong.message
+    assert f"--block-size {BLOCK}" in wrong.message  # what to do about it
     reply = stub.Join(_join("p1", pb.PREFILL), metadata=secret)
     assert reply.accepted and reply.heartbeat_interval_s == 1.0
     assert runtime.agents()["p1"].join.data_address == "127.0.0.1:2"
