@@ -20,6 +20,7 @@ from starlette.exceptions import HTTPException
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from backend.api.access_log import AccessLog
 from backend.api.auth import Authenticator
 from backend.api.routes import include_routes
 from backend.api.schemas.convert import ApiLimits
@@ -60,6 +61,8 @@ def create_app(
         block_size=settings.block_size, scheduler=settings.prefill_scheduler
     )
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_body_bytes)
+    if settings.access_log:  # outermost: its line covers the 413s and errors of the rest
+        app.add_middleware(AccessLog)
     app.add_exception_handler(HTTPException, _on_http_error)
     app.add_exception_handler(RequestValidationError, _on_validation_error)
     app.add_exception_handler(Exception, _on_unexpected_error)

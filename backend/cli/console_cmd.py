@@ -9,6 +9,8 @@ from pathlib import Path
 
 import typer
 
+from backend.cli.secrets_file import DEFAULT_PATH as DEFAULT_SECRETS_PATH
+from backend.cli.secrets_file import read_secrets
 from backend.settings.profiles import BUILTIN_PROFILES
 from console.settings import (
     DEFAULT_BACKEND_URL,
@@ -46,8 +48,12 @@ def streamlit_command(
 
 
 def console_command(
-    backend: str = typer.Option(
-        DEFAULT_BACKEND_URL, "--backend", envvar=ENV_BACKEND, help="The Conductor's REST URL."
+    backend: str | None = typer.Option(
+        None,
+        "--backend",
+        envvar=ENV_BACKEND,
+        help="The Conductor's REST URL. Default: the --secrets-file's, else "
+        f"{DEFAULT_BACKEND_URL}.",
     ),
     host: str = typer.Option("127.0.0.1", "--host", help="Address the console listens on."),
     port: int = typer.Option(DEFAULT_PORT, "--port", min=1, max=65535, help="Console port."),
@@ -56,6 +62,11 @@ def console_command(
     ),
     admin_token: str = typer.Option(
         "", "--admin-token", envvar=ENV_ADMIN_TOKEN, help="Pre-fills the admin token."
+    ),
+    secrets_file: Path = typer.Option(
+        DEFAULT_SECRETS_PATH,
+        "--secrets-file",
+        help="Where `kvcentric up` saved the URL and keys: fills what is not given.",
     ),
     twin_profile: str = typer.Option(
         str(DEFAULT_TWIN_PROFILE),
@@ -69,6 +80,14 @@ def console_command(
     ),
 ) -> None:
     """Serve the operator console (Streamlit) for a running Conductor; Ctrl-C stops it."""
+    try:
+        saved = read_secrets(secrets_file)
+    except (OSError, ValueError) as error:
+        typer.echo(f"error: --secrets-file: {error}", err=True)
+        raise typer.Exit(_EXIT_BAD_INPUT) from None
+    backend = backend or saved.get("KVC_URL") or DEFAULT_BACKEND_URL
+    api_key = api_key or saved.get("KVC_API_KEY", "")
+    admin_token = admin_token or saved.get("KVC_ADMIN_TOKEN", "")
     if twin_profile not in (*_BUILTIN_PROFILES, "live") and not Path(twin_profile).is_file():
         typer.echo(f"error: --twin-profile: no file {twin_profile}", err=True)
         raise typer.Exit(_EXIT_BAD_INPUT)

@@ -1,12 +1,12 @@
 """`kvcentric up`: the whole stack on one machine, for a first look.
 
-Generates the secrets (printed once; passed to the children in KVC_* variables, never on
-their command lines), starts `kvcentric conductor` on SQLite under --data-dir, waits for
-/healthz, starts the operator console (`kvcentric console`, pre-filled with the keys) and
-the `tiny` agents on free loopback ports, waits until they have joined and the console
-answers, replays a length-scaled window of the shipped trace and prints its summary, then
-keeps the stack running until Ctrl-C or SIGTERM, which stops every child (SIGTERM, then
-wait).
+Generates the secrets (printed once and saved in DATA_DIR/secrets.env, mode 0600; passed
+to the children in KVC_* variables, never on their command lines), starts `kvcentric
+conductor` on SQLite under --data-dir, waits for /healthz, starts the operator console
+(`kvcentric console`, pre-filled with the keys) and the `tiny` agents on free loopback
+ports, waits until they have joined and the console answers, replays a length-scaled window
+of the shipped trace and prints its summary, then keeps the stack running until Ctrl-C or
+SIGTERM, which stops every child (SIGTERM, then wait).
 """
 
 import os
@@ -32,6 +32,8 @@ from backend.cli.children import (
     stop_stack,
     wait_for,
 )
+from backend.cli.secrets_file import FILE_NAME as SECRETS_FILE_NAME
+from backend.cli.secrets_file import write_secrets
 
 DEMO_PROFILE = "tiny-cpu"  # the twin's built-in profile of the tiny agents: the cost model
 # Each 512-token trace block becomes exactly one 16-token serving block (512 * 1/32), so the
@@ -46,8 +48,8 @@ DEMO_SLO_HEADROOM = 10.0
 
 
 def demo_slos(trace: Path, length_scale: float, headroom: float) -> tuple[float, float]:
-    """(TTFT SLO s, TBT SLO s) for the demo: DESIGN.md's rule on the tiny-cpu profile for the
-    trace's mean lengths after scaling, times `headroom`."""
+    """(TTFT SLO s, TBT SLO s) for the demo: the paper's rule (twin/slo.py) on the tiny-cpu
+    profile for the trace's mean lengths after scaling, times `headroom`."""
     import dataclasses
 
     from backend.traces.loader import load_trace
@@ -125,6 +127,15 @@ def up_command(
     }
     base_url = f"http://{host}:{port}"
     console_url = f"http://127.0.0.1:{console_port}"
+    secrets_path = write_secrets(
+        data_dir / SECRETS_FILE_NAME,
+        {
+            "KVC_URL": base_url,
+            "KVC_API_KEY": api_key,
+            "KVC_ADMIN_TOKEN": admin_token,
+            "KVC_AGENT_SECRET": agent_secret,
+        },
+    )
     gport = grpc_port if grpc_port is not None else free_port("127.0.0.1")
     children: list[Child] = []
     replay: Child | None = None
@@ -181,7 +192,8 @@ def up_command(
             + f"  agents join at 127.0.0.1:{gport}\n"
             f"  cost model: {DEMO_PROFILE} profile; SLOs on first start: TTFT "
             f"{ttft_slo_s * 1000:.0f} ms, TBT {tbt_slo_s * 1000:.1f} ms\n"
-            f"  secrets (random, shown only now):\n"
+            f"  secrets (random; also in {secrets_path}, readable by you only, which "
+            "`kvcentric console` and `kvcentric replay` read):\n"
             f"    KVC_API_KEY={api_key}\n"
             f"    KVC_ADMIN_TOKEN={admin_token}\n"
             f"    KVC_AGENT_SECRET={agent_secret}\n"

@@ -87,7 +87,15 @@ def test_up_replays_then_stops_cleanly_on_ctrl_c(tmp_path: Path) -> None:
         while any(_alive(pid) for pid in children) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert not any(_alive(pid) for pid in children), children
-        assert (tmp_path / "data" / "logs" / "conductor.log").is_file()
+        conductor_log = (tmp_path / "data" / "logs" / "conductor.log").read_text()
+        # One access line per HTTP request, with status and latency; no Alembic chatter.
+        assert re.search(r"kvcentric.access: POST /v1/native/requests 200 [\d.]+ ms", conductor_log)
+        assert "setup plugin" not in conductor_log
+        # The secrets printed once are kept for later, readable by the user only.
+        secrets_file = tmp_path / "data" / "secrets.env"
+        assert secrets_file.stat().st_mode & 0o777 == 0o600
+        api_key = re.search(r"KVC_API_KEY=(\S+)", output).group(1)
+        assert f"KVC_API_KEY={api_key}\n" in secrets_file.read_text()
     finally:
         if process.poll() is None:
             process.kill()

@@ -18,6 +18,7 @@ from fastapi import Depends, HTTPException, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
+from backend.api.access_log import note_request_id
 from backend.api.schemas.convert import (
     ApiLimits,
     InvalidRequest,
@@ -103,6 +104,7 @@ async def submit(
     served: Served, prepared: PreparedRequest, *, request_id: str, endpoint: str
 ) -> RequestStream:
     """Submit off the event loop; raises `Rejected` when admission refuses it."""
+    note_request_id(request_id)
     served.metrics.record_submitted(endpoint)
     ttft_slo_s = prepared.ttft_slo_s or served.default_ttft_slo_s
     tbt_slo_s = prepared.tbt_slo_s or served.default_tbt_slo_s
