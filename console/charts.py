@@ -15,7 +15,7 @@ from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
 from console import format as fmt
-from twin.plots import load_figure, rejections_figure
+from twin.plots import count_ticks, load_figure, rejections_figure
 
 _COLORS = qualitative.Plotly
 _HEIGHT_PX = 340
@@ -109,8 +109,10 @@ def transfers_figure(report: Mapping[str, Any]) -> go.Figure:
         secondary_y=True,
     )
     figure.update_layout(title="KV transfers and hot-spot replications")
-    figure.update_yaxes(title_text="tokens", secondary_y=False)
-    figure.update_yaxes(title_text="blocks", secondary_y=True)
+    tokens = series.get("transferred_tokens") or [0]
+    blocks = series.get("replicated_blocks") or [0]
+    figure.update_yaxes(title_text="tokens", secondary_y=False, **count_ticks(max(tokens)))
+    figure.update_yaxes(title_text="blocks", secondary_y=True, **count_ticks(max(blocks)))
     figure.update_yaxes(rangemode="tozero")  # both axes: their zeros line up
     return _styled(figure)
 
@@ -145,14 +147,18 @@ def hot_blocks_figure(hot_blocks: Sequence[Mapping[str, Any]]) -> go.Figure:
             marker={
                 "color": [block["num_replicas"] for block in hot_blocks],
                 "colorscale": "Viridis",
-                "colorbar": {"title": "replicas"},
+                # Replicas are counts: whole-number ticks on the color bar too.
+                "colorbar": {"title": "replicas", "tick0": 0, "dtick": 1},
             },
             hovertext=[holders_text(block["holders"]) for block in hot_blocks],
         )
     )
     figure.update_layout(title="Hottest blocks (hits)", xaxis_title="hits")
-    figure.update_yaxes(autorange="reversed")
-    return _styled(figure)
+    # Every block labelled (plotly drops every other label of a crowded axis).
+    figure.update_yaxes(autorange="reversed", tickmode="array", tickvals=labels)
+    figure = _styled(figure)
+    figure.update_layout(height=max(300, 22 * len(labels) + 120))
+    return figure
 
 
 def occupancy_figure(instances: Sequence[Mapping[str, Any]]) -> go.Figure:

@@ -163,8 +163,8 @@ class BackendClient:
     ) -> httpx.Response:
         if not secret:
             raise BackendError(
-                "no API key: enter one in the sidebar (the Conductor prints it at start, "
-                "as KVC_API_KEY under `kvcentric up`)",
+                "no API key: enter one in the sidebar (`kvcentric up` prints it at start "
+                "as KVC_API_KEY and keeps it in data/secrets.env)",
                 code="no_api_key",
             )
         url = self.base_url.rstrip("/") + path

@@ -2,10 +2,12 @@
 and the headline of the prediction it came with, for the Audit page's table."""
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from console import format as fmt
 from console import prediction as predictions
+from console.whatif import LIVE_PROFILE_PREFIX
 
 
 def describe_change(old: Any, new: Any) -> str:
@@ -44,13 +46,22 @@ def describe_prediction(prediction: Mapping[str, Any] | None) -> str:
 def prediction_caption(prediction: Mapping[str, Any]) -> str:
     """What a console prediction simulated: its traffic, profile, split and change."""
     trace = prediction.get("trace", {})
-    source = trace.get("name") or f"a recorded window of {fmt.count(trace.get('num_rows'))}"
+    if trace.get("name"):
+        source = f"the trace {trace['name']}"
+    elif trace.get("start_s") is not None and trace.get("end_s") is not None:
+        source = f"the recorded window {fmt.clock(trace['start_s'])} to {fmt.clock(trace['end_s'])}"
+    else:
+        source = "a recorded window"
     split = prediction.get("split", {})
+    before, after = split.get("baseline"), split.get("candidate")
+    split_text = f"P:D {before}" + (" (unchanged)" if before == after else f" -> {after}")
     change = ", ".join(f"{k}={_value(v)}" for k, v in prediction.get("config_change", {}).items())
+    profile = str(prediction.get("profile"))
+    if Path(profile).name.startswith(LIVE_PROFILE_PREFIX):  # the what-if's copy, not a name
+        profile = "live (fitted from the agents' measurements)"
     return (
         f"Twin run on {source} ({fmt.count(trace.get('num_rows'))} requests), profile "
-        f"{prediction.get('profile')}; P:D {split.get('baseline')} -> {split.get('candidate')}; "
-        f"change: {change or 'none'}"
+        f"{profile}; {split_text}; change: {change or 'none'}"
     )
 
 

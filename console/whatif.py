@@ -27,6 +27,7 @@ PROGRESS_POLL_S = 0.25
 # The series of a what-if run get about this many windows.
 NUM_SERIES_WINDOWS = 60
 ROLES = ("prefill", "decode")
+LIVE_PROFILE_PREFIX = "live-profile-"  # the file a what-if writes the live profile to
 
 OnProgress = Callable[[float, str], None]
 
@@ -79,7 +80,7 @@ def live_profile_file(profile: Mapping[str, Any]) -> str:
     text = json.dumps(profile, sort_keys=True)
     folder = Path(tempfile.gettempdir()) / "kvcentric-console"
     folder.mkdir(exist_ok=True)
-    path = folder / f"live-profile-{hashlib.sha256(text.encode()).hexdigest()[:16]}.json"
+    path = folder / f"{LIVE_PROFILE_PREFIX}{hashlib.sha256(text.encode()).hexdigest()[:16]}.json"
     if not path.exists():
         path.write_text(text)
     return str(path)

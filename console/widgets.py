@@ -68,6 +68,10 @@ def chart(figure: go.Figure, key: str) -> None:
     st.plotly_chart(figure, key=key, config={"displayModeBar": False})
 
 
+MAX_ROWS_IN_VIEW = 30
+_ROW_HEIGHT_PX = 35  # streamlit's dataframe row
+
+
 def table(
     rows: Sequence[Mapping[str, Any]],
     columns: Sequence[str] | None = None,
@@ -77,4 +81,21 @@ def table(
     some columns' width ("small", "medium", "large")."""
     frame = pd.DataFrame(list(rows), columns=list(columns) if columns else None)
     config = {name: st.column_config.Column(width=width) for name, width in (widths or {}).items()}
-    st.dataframe(frame, hide_index=True, width="stretch", column_config=config or None)
+    # Every row in view up to MAX_ROWS_IN_VIEW (streamlit's default shows about ten, so a
+    # "top 20" read as a top 10); longer tables scroll.
+    height: int | str = (
+        _ROW_HEIGHT_PX * (len(frame) + 1) + 3 if len(frame) <= MAX_ROWS_IN_VIEW else "auto"
+    )
+    st.dataframe(
+        frame, hide_index=True, width="stretch", height=height, column_config=config or None
+    )
+
+
+def wrapped_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> None:
+    """Rows as a static table whose cells wrap (a dataframe cuts long text off); the first
+    column labels the rows."""
+    if not rows:
+        st.info("Nothing recorded yet.")
+        return
+    frame = pd.DataFrame(list(rows), columns=list(columns)).set_index(columns[0])
+    st.table(frame)

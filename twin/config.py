@@ -28,7 +28,7 @@ class TwinConfig:
     rejection: str = "early-predicted"
     threshold: float = 2.0
     eviction: str = "lru"
-    # None: DESIGN.md's rule, 10x the TTFT and 5x the TBT of a lone request of the trace's
+    # None: the paper's rule, 10x the TTFT and 5x the TBT of a lone request of the trace's
     # mean length on this profile (twin.slo.derive_slos).
     ttft_slo_s: float | None = None
     tbt_slo_s: float | None = None

@@ -9,6 +9,7 @@ import html
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import plotly.graph_objects as go
 from plotly.colors import qualitative
@@ -90,11 +91,41 @@ def rejections_figure(reports: Mapping[str, dict]) -> go.Figure:
                 row=1,
                 col=column,
             )
+        counts = series["rejected"].values()
+        if not any(any(values) for values in counts):  # an empty panel says so
+            figure.add_annotation(
+                text="no rejections",
+                showarrow=False,
+                font={"size": 16, "color": "#666"},
+                xref=f"x{column if column > 1 else ''} domain",
+                yref=f"y{column if column > 1 else ''} domain",
+                x=0.5,
+                y=0.5,
+            )
     figure.update_layout(
         title="Rejections over time by stage:reason", barmode="stack", yaxis_title="rejected"
     )
     figure.update_xaxes(title_text="simulated time (s)")
+    figure.update_yaxes(rangemode="tozero", **count_ticks(_highest_stack(reports)))
     return figure
+
+
+def count_ticks(highest: float, num_ticks: int = 5) -> dict[str, Any]:
+    """Axis settings for counts up to `highest`: whole-number ticks from 0, about
+    `num_ticks` of them (plotly's own choice reads 0.199 / 0.398 for a count of 1)."""
+    rough = max(1.0, highest / num_ticks)
+    power = 10 ** math.floor(math.log10(rough))
+    step = next(m * power for m in (1, 2, 5, 10) if m * power >= rough)  # 1, 2, 5, 10, 20, ...
+    return {"tick0": 0, "dtick": int(step), "range": None if highest else [0, 1]}
+
+
+def _highest_stack(reports: Mapping[str, dict]) -> float:
+    """The tallest stacked bar of a rejections figure."""
+    stacks = [
+        [sum(values) for values in zip(*report["series"]["rejected"].values(), strict=False)]
+        for report in reports.values()
+    ]
+    return max((max(stack) for stack in stacks if stack), default=0)
 
 
 def metric_vs_parameter_figure(

@@ -1,4 +1,4 @@
-"""The twin's report: DESIGN.md's metrics, 10-second time series and per-request rows.
+"""The twin's report: the shared metrics, 10-second time series and per-request rows.
 
 Names and definitions are the ones the live system reports, so the two can be put side by
 side. The report is plain JSON-ready data; `write_report` writes it deterministically

@@ -1,4 +1,4 @@
-"""Default SLOs by DESIGN.md's rule (the paper's): 10x the TTFT and 5x the TBT of a lone
+"""Default SLOs by the paper's rule: 10x the TTFT and 5x the TBT of a lone
 request at the lowest rate, here a request of the trace's mean lengths on the profile."""
 
 from collections.abc import Sequence

@@ -1,10 +1,11 @@
 """The twin's timing model: the ground truth it executes, separate from the policy's beliefs.
 
-DESIGN.md rule 2: the policy predicts with `backend.policy.CostModel`; the twin executes
-with a `TimingModel` (analytic `RooflineTiming`, interpolated `MeasuredTiming`, optionally
-wrapped in `NoisyTiming`). `policy_cost_model` derives the policy's beliefs from a timing
-model the way a deployment would: by profiling it and fitting the policy's form, so the
-policy's mispredictions in the twin are those of a real deployment.
+Beliefs and ground truth are kept apart on purpose: the policy predicts with
+`backend.policy.CostModel`; the twin executes with a `TimingModel` (analytic
+`RooflineTiming`, interpolated `MeasuredTiming`, optionally wrapped in `NoisyTiming`).
+`policy_cost_model` derives the policy's beliefs from a timing model the way a deployment
+would: by profiling it and fitting the policy's form, so the policy's mispredictions in the
+twin are those of a real deployment.
 """
 
 import random

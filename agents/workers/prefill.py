@@ -1,6 +1,6 @@
 """PrefillWorker: computes a prompt's uncached tokens with layer-wise KV loading and storing.
 
-The schedule is DESIGN.md's, per layer l: project q, k, v of the new tokens; wait for
+The schedule, per layer l: project q, k, v of the new tokens; wait for
 layer l's reused prefix KV and start loading layer l+1's; attend; then start an
 asynchronous store of layer l's new KV and go on without waiting. All stores are waited
 for once, at the end. Only whole blocks are reused and the last token is always computed.

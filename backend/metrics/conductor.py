@@ -1,5 +1,5 @@
 """ConductorMetrics: what the Conductor counts about requests, decisions, rejections, cache
-reuse and instance loads, named as in DESIGN.md "What is measured".
+reuse and instance loads, named as in the twin's report (docs/fidelity.md).
 
 The runtime calls one method per event (`record_decision`, `record_rejection`,
 `record_outcome`, `observe_ttft`, ...); `/metrics` serves `render()`. Rejections and

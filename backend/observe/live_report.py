@@ -1,4 +1,4 @@
-"""The live report: DESIGN.md's metrics of one recorded time window, in the twin's names.
+"""The live report: the shared metrics of one recorded time window, in the twin's names.
 
 Built from what the Conductor records (requests with their outcomes, decisions, load
 samples), it has the same top-level keys and series as the twin's report (twin/report.py),

@@ -1,4 +1,4 @@
-"""How the live system and the twin turn samples into DESIGN.md's metrics.
+"""How the live system and the twin turn samples into the same metrics (docs/fidelity.md).
 
 One definition each, shared by the twin's report and the Conductor's live report, so their
 numbers can be put side by side: percentiles (linear interpolation), token-weighted
@@ -33,16 +33,22 @@ def weighted_percentile(values: np.ndarray, weights: np.ndarray, q: float) -> fl
     return float(values[order][min(index, len(values) - 1)])
 
 
+# A load series swinging less than this (p95 - p5, in units of the load at which the SLO is
+# just met) is flat: its wiggles are noise, and it has no period.
+MIN_OSCILLATION_AMPLITUDE = 0.05
+
+
 def oscillation(series: Sequence[float], interval_s: float) -> tuple[float | None, float | None]:
     """Peak-to-trough amplitude (p95 - p5) and period (first autocorrelation peak) of a
-    load series; the period is None when the series has no clear rhythm."""
+    load series; the period is None when the series has no clear rhythm or is flat (its
+    amplitude under MIN_OSCILLATION_AMPLITUDE)."""
     values = np.asarray(series, dtype=float)
     if len(values) < 4:
         return None, None
     amplitude = float(np.percentile(values, 95) - np.percentile(values, 5))
     centred = values - values.mean()
     energy = float(np.dot(centred, centred))
-    if energy <= 0:
+    if energy <= 0 or amplitude < MIN_OSCILLATION_AMPLITUDE:
         return amplitude, None
     max_lag = len(values) // 2
     correlation = [
@@ -92,7 +98,7 @@ def merge_histograms(histograms: Iterable[Mapping[int | str, float]]) -> GapHist
 
 def histogram_percentile(histogram: Mapping[int, float], q: float) -> float | None:
     """The gap at q% of all gaps: the geometric middle of the bin where the count reaches
-    it. DESIGN.md's TBT percentiles, live and in the twin."""
+    it. The TBT percentiles, live and in the twin."""
     total = sum(histogram.values())
     if total <= 0:
         return None

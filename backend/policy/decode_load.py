@@ -1,6 +1,6 @@
 """Decode load, now, with a request added, or predicted ahead.
 
-A decode instance's load is its predicted TBT over the TBT SLO (DESIGN.md) or, when the
+A decode instance's load is its predicted TBT over the TBT SLO or, when the
 instance's KV memory is known, the share of that memory its batch fills, whichever is
 higher: a 70B model with grouped-query attention fills its KV memory long before its step
 time reaches a 0.1 s SLO, so a TBT-only load would call a full instance idle.

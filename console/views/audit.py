@@ -8,7 +8,7 @@ from console import format as fmt
 from console import prediction as predictions
 from console.connection import BackendError, client, show_error
 from console.history import audit_rows, prediction_caption, prediction_rows
-from console.widgets import table
+from console.widgets import table, wrapped_table
 
 LIMITS = (20, 100, 500)
 
@@ -21,11 +21,8 @@ except BackendError as error:
     show_error(error, "cannot read the audit log")
     st.stop()
 st.metric("Entries shown", fmt.count(len(entries)))
-table(
-    audit_rows(entries),
-    ["time", "who", "action", "version", "what", "prediction"],
-    {"version": "small", "what": "large", "prediction": "large"},
-)
+# A static table: its cells wrap, so a long "what" or "prediction" is read whole.
+wrapped_table(audit_rows(entries), ["time", "who", "action", "version", "what", "prediction"])
 with_prediction = [entry for entry in entries if entry["prediction"]]
 if with_prediction:
     st.subheader("Predictions")

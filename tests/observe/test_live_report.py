@@ -115,8 +115,16 @@ def test_oscillation_finds_the_period_of_an_anti_phase_square_wave() -> None:
     assert amplitude == 1.0 and period_s == 60.0
 
 
+def test_a_flat_series_has_no_period_even_when_its_noise_repeats() -> None:
+    """The Live page showed a load near 0 "oscillating" every 25 s: a rhythm of noise."""
+    ripple = ([0.02] * 3 + [0.0] * 2) * 12  # a clean 5-sample rhythm, 2 % of the SLO's load
+    amplitude, period_s = oscillation(ripple, interval_s=5.0)
+    assert amplitude == 0.02 and period_s is None
+    assert oscillation([x * 10 for x in ripple], interval_s=5.0)[1] == 25.0
+
+
 def test_tbt_percentiles_are_over_every_gap_not_over_request_means() -> None:
-    """DESIGN.md: one sample per gap. A request of 3 gaps of 10 ms and 1 of 1 s has a mean
+    """One sample per gap. A request of 3 gaps of 10 ms and 1 of 1 s has a mean
     of 257.5 ms; over its gaps the median is 10 ms and the p90 1 s (the twin's definition)."""
     gaps = gap_histogram([0.01, 0.01, 0.01, 1.0])
     outcome = dataclasses.replace(_done(102.0, 0.5, 0.2575, tokens=5), tbt_gap_histogram=gaps)

@@ -1,4 +1,4 @@
-"""Block keys exactly as DESIGN.md defines them, and PolicyConfig validation."""
+"""Block keys exactly as backend/policy/blocks.py defines them, and PolicyConfig validation."""
 
 import math
 import struct
@@ -11,7 +11,7 @@ from backend.policy import PolicyConfig, block_keys
 
 
 def reference_keys(tokens: list[int], block_size: int) -> list[int]:
-    """DESIGN.md's definition, written out the slow and obvious way."""
+    """The definition, written out the slow and obvious way."""
     keys, previous = [], 0
     for start in range(0, len(tokens) - block_size + 1, block_size):
         block = tokens[start : start + block_size]

@@ -1,4 +1,4 @@
-"""DESIGN.md's worked example of Algorithm 1, checked number by number through the core."""
+"""A worked example of Algorithm 1, checked number by number through the core."""
 
 import pytest
 
@@ -19,7 +19,7 @@ KEYS = tuple(range(1, REQUEST_TOKENS // BLOCK_SIZE + 1))  # 2,048 full blocks
 CACHED_TOKENS = {"P1": 19_200, "P2": 9_600, "P3": 0, "P4": 12_800}
 QUEUE_S = {"P1": 2.0, "P2": 0.5, "P3": 0.5, "P4": 0.5}
 
-# DESIGN.md's table: estimated TTFT of P1..P4 in seconds (F = transfer branch, from P1),
+# The worked example's table: estimated TTFT of P1..P4 in seconds (F = transfer branch, from P1),
 # the chosen instance and the blocks it fetches.
 TABLE = """
 threshold  P1       P2        P3        P4        chosen  fetched

@@ -60,6 +60,20 @@ def test_rejections_stack_by_reason_with_one_legend_entry_per_reason():
     assert list(figure.data[1].y) == [0, 3, 0]
     assert list(figure.data[3].y) == [0, 0, 0]  # a reason a run never hit is all zeros
     assert figure.layout.barmode == "stack"
+    # The run without rejections says so in its panel; the counts have whole-number ticks.
+    assert [a.text for a in figure.layout.annotations if a.text == "no rejections"] == [
+        "no rejections"
+    ]
+    assert figure.layout.yaxis.dtick == 1 and figure.layout.yaxis.tick0 == 0
+
+
+def test_rejections_of_runs_that_rejected_nothing_read_no_rejections_not_a_blank():
+    runs = {"current": fake_report(rejected={}), "proposed": fake_report(rejected={})}
+
+    figure = rejections_figure(runs)
+
+    notes = [a for a in figure.layout.annotations if a.text == "no rejections"]
+    assert len(notes) == 2 and list(figure.layout.yaxis.range) == [0, 1]
 
 
 def test_metric_vs_parameter_sorts_numbers_and_keeps_text_as_categories():
@@ -95,3 +109,10 @@ def test_page_loads_plotly_from_a_local_copy_written_once(tmp_path):
     library = tmp_path / PLOTLY_JS
     assert library.stat().st_size > 1_000_000
     assert second.read_text().replace("second", "first &lt;page&gt;") == first.read_text()
+
+
+def test_count_axes_tick_at_whole_round_numbers_from_zero():
+    from twin.plots import count_ticks
+
+    assert count_ticks(0) == {"tick0": 0, "dtick": 1, "range": [0, 1]}  # an empty axis: 0, 1
+    assert [count_ticks(n)["dtick"] for n in (1, 7, 13, 835, 12_000)] == [1, 2, 5, 200, 5000]

@@ -1,6 +1,6 @@
 """Read endpoints for the console's live pages, and switching an agent's role.
 
-GET /v1/report: DESIGN.md's metrics and time series of a recorded window, in the twin
+GET /v1/report: the shared metrics and time series of a recorded window, in the twin
 report's names (backend.observe.live_report). GET /v1/cache: the hottest blocks with their
 replicas and holders, and each instance's pool occupancy by tier. POST
 /v1/admin/agents/{instance_id}/role (admin token): drain an agent and switch its role,
