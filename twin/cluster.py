@@ -14,7 +14,7 @@ import simpy
 from backend.policy import events as ev
 from backend.policy.core import ConductorCore
 from backend.policy.cost_model import CostModel
-from backend.policy.decode_load import check_decode_arrival
+from backend.policy.decode_load import check_decode_arrival, load_of
 from backend.policy.effects import (
     DispatchDecode,
     DispatchPrefill,
@@ -142,7 +142,19 @@ class TwinCluster(EffectHandler):
 
     # -- the core -------------------------------------------------------------------------
     def _feed(self, event: ev.Event) -> tuple[Effect, ...]:
+        # Settle early-predicted's due forecasts against the pool as it really is (the core
+        # does not see the tokens generated in the twin), before the core would.
+        self.core.forecasts.settle(event.now_s, self._decode_load_now)
         return self.core.handle(event)
+
+    def _decode_load_now(self) -> float:
+        """The mean decode load of the real batches, in the policy's terms (its step model)."""
+        cost, tbt_slo_s = self.core.cost, self.policy.tbt_slo_s
+        loads = [
+            load_of(cost, d.batch_size, d.context_tokens, tbt_slo_s, d.kv_capacity_tokens or None)
+            for d in self.decode.values()
+        ]
+        return sum(loads) / len(loads)
 
     def _carry_out(self, effects: Sequence[Effect]) -> None:
         carry_out(self, effects)
@@ -266,5 +278,5 @@ class TwinCluster(EffectHandler):
     def _on_decode_finished(
         self, job: DecodeJob, now_s: float, tbt_mean_s: float, tbt_max_s: float
     ) -> None:
-        self._feed(ev.DecodeFinished(now_s, job.request_id))
+        self._feed(ev.DecodeFinished(now_s, job.request_id, job.output_tokens))
         self._end(job.request_id, "completed", tbt_mean_s=tbt_mean_s, tbt_max_s=tbt_max_s)

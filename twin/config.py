@@ -17,6 +17,8 @@ from backend.policy.config import (
     policy_from_json,
 )
 
+_POLICY = PolicyConfig()  # the defaults the twin shares with the Conductor
+
 
 @dataclass(frozen=True, slots=True)
 class TwinConfig:
@@ -32,8 +34,9 @@ class TwinConfig:
     # mean length on this profile (twin.slo.derive_slos).
     ttft_slo_s: float | None = None
     tbt_slo_s: float | None = None
-    decode_time_s: float = 20.0
-    learn_decode_time: bool = False
+    decode_time_s: float = _POLICY.decode_time_s
+    learn_decode_time: bool = _POLICY.learn_decode_time
+    predicted_load_limit: float = _POLICY.predicted_load_limit
     # Replay speed: 2.0 replays the trace's arrivals twice as fast.
     speed: float = 1.0
     profile: str = "paper"
@@ -98,6 +101,7 @@ class TwinConfig:
             eviction_policy=self.eviction,  # type: ignore[arg-type]
             decode_time_s=self.decode_time_s,
             learn_decode_time=self.learn_decode_time,
+            predicted_load_limit=self.predicted_load_limit,
             seed=self.seed,
             **slos,
         )
@@ -120,6 +124,7 @@ class TwinConfig:
             tbt_slo_s=config.tbt_slo_s,
             decode_time_s=config.decode_time_s,
             learn_decode_time=config.learn_decode_time,
+            predicted_load_limit=config.predicted_load_limit,
             seed=config.seed,
             block_size=config.block_size,
             **others,

@@ -1,5 +1,6 @@
 """simulate(): one twin run of a trace on a TwinConfig, returning its report dict."""
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from functools import lru_cache
@@ -8,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from backend.policy.cost_model import CostModel
+from backend.policy.decode_load import forecast_error
 from backend.traces.arrivals import arrivals_from_rows
 from backend.traces.loader import TraceRow
 from twin.cluster import TwinCluster
@@ -103,6 +105,8 @@ def simulate(
                 "max_ssd_blocks": max(shard.max_ssd_blocks for shard in shards),
                 "decode_kv_capacity_tokens": decode_tokens,
             },
+            # How right early-predicted's forecast of the decode pool was (none otherwise).
+            **forecast_error(cluster.core.forecasts.between(measure_from_s, math.inf)),
             "policy_cost_model": cost.to_profile(),
             "timing": timing.name,
         },

@@ -101,10 +101,12 @@ def run_command(
         help="Relative standard deviation of Gaussian noise on every executed duration, [0, 1).",
     ),
     decode_time: str = typer.Option(
-        f"{_DEFAULT.decode_time_s:g}",
+        "learned",
         "--t-d",
         metavar="SECONDS",
-        help="t_d: the uniform decode time early-predicted assumes per request.",
+        help="How long early-predicted expects each request to decode: learned (each "
+        "request's max_tokens at the pace and share of recent completions) or a uniform "
+        "t_d in seconds for every request (the paper's form, e.g. 20).",
     ),
     ttft_slo: str = typer.Option(
         "auto",
@@ -145,7 +147,10 @@ def run_command(
             profile=profile,
             seed=_integer("--seed", seed),
             noise=_number("--noise", noise),
-            decode_time_s=_number("--t-d", decode_time),
+            decode_time_s=_DEFAULT.decode_time_s
+            if decode_time == "learned"
+            else _number("--t-d", decode_time),
+            learn_decode_time=decode_time == "learned",
             ttft_slo_s=None if ttft_slo == "auto" else _number("--ttft-slo", ttft_slo),
             tbt_slo_s=None if tbt_slo == "auto" else _number("--tbt-slo", tbt_slo),
             eviction=eviction,

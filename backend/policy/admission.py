@@ -37,6 +37,7 @@ class LoadSnapshot:
     current_decode_load: float
     predicted_decode_load: float | None
     decode_time_s: float
+    predicted_load_limit: float = 1.0
 
     @property
     def prefill_load(self) -> float:
@@ -61,21 +62,21 @@ def admit(policy: str, loads: LoadSnapshot) -> Rejection | None:
     if policy == "baseline":
         return None
     if policy == "early":
-        decode_load = loads.current_decode_load
+        decode_load, limit = loads.current_decode_load, 1.0
         what = "current"
     else:
         assert loads.predicted_decode_load is not None, "early-predicted needs a prediction"
-        decode_load = loads.predicted_decode_load
+        decode_load, limit = loads.predicted_decode_load, loads.predicted_load_limit
         what = "predicted"
-    if decode_load > 1.0:
+    if decode_load > limit:
         return Rejection(
             reason="tbt_slo",
             stage="admission",
             message=(
-                f"decode pool overloaded: {what} load is {decode_load:.0%} "
-                "(TBT against its SLO, or KV memory)"
+                f"decode pool overloaded: {what} load is {decode_load:.0%}, over "
+                f"{limit:.0%} (TBT against its SLO, or KV memory)"
             ),
-            retry_after_s=_hint(loads.decode_time_s * (decode_load - 1.0)),
+            retry_after_s=_hint(loads.decode_time_s * (decode_load - limit)),
         )
     return None
 

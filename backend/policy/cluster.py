@@ -2,9 +2,11 @@
 
 Mutable state owned by the ConductorCore and changed only through its event handlers.
 Running sums are kept so that every quantity Algorithm 1 and admission need is O(1) or
-O(requests that change state), never a scan of the cluster.
+O(requests that change state); only early-predicted's forecast reads each decoding request
+once per admission (each may end at its own time).
 """
 
+import math
 from dataclasses import dataclass, field
 
 
@@ -63,8 +65,21 @@ class PrefillState:
 
 @dataclass(slots=True)
 class DecodingRequest:
+    """A request in the batch. `expected_s` and `expected_tokens` are early-predicted's
+    forecast of its decode, made when it was booked."""
+
     context_tokens: int
     started_s: float
+    expected_s: float = math.inf
+    expected_tokens: int = 0
+
+    @property
+    def expected_end_s(self) -> float:
+        return self.started_s + self.expected_s
+
+    def context_at(self, at_s: float) -> float:
+        """The KV it will hold at `at_s`: what it holds now, or more at its forecast pace."""
+        return max(self.context_tokens, _grown(self, self.started_s, at_s))
 
 
 @dataclass(slots=True)
@@ -73,6 +88,19 @@ class IncomingRequest:
 
     context_tokens: int
     ready_s: float
+    expected_s: float = math.inf
+    expected_tokens: int = 0
+
+    def context_at(self, at_s: float) -> float:
+        return _grown(self, self.ready_s, at_s)
+
+
+def _grown(request: DecodingRequest | IncomingRequest, started_s: float, at_s: float) -> float:
+    """Prompt plus the tokens generated from `started_s` to `at_s` at the forecast pace."""
+    if not request.expected_tokens or not math.isfinite(request.expected_s):
+        return request.context_tokens
+    elapsed = max(0.0, at_s - started_s) / request.expected_s
+    return request.context_tokens + request.expected_tokens * min(1.0, elapsed)
 
 
 @dataclass(slots=True)
@@ -81,15 +109,23 @@ class DecodeState:
 
     instance_id: str
     kv_capacity_tokens: int | None = None
-    # Insertion order is start order, which early-predicted relies on.
     decoding: dict[str, DecodingRequest] = field(default_factory=dict)
     decoding_context_tokens: int = 0
     incoming: dict[str, IncomingRequest] = field(default_factory=dict)
     incoming_context_tokens: int = 0
     draining: bool = False  # takes no new requests
 
-    def add_incoming(self, request_id: str, context_tokens: int, ready_s: float) -> None:
-        self.incoming[request_id] = IncomingRequest(context_tokens, ready_s)
+    def add_incoming(
+        self,
+        request_id: str,
+        context_tokens: int,
+        ready_s: float,
+        expected_s: float = math.inf,
+        expected_tokens: int = 0,
+    ) -> None:
+        self.incoming[request_id] = IncomingRequest(
+            context_tokens, ready_s, expected_s, expected_tokens
+        )
         self.incoming_context_tokens += context_tokens
 
     def drop_incoming(self, request_id: str) -> IncomingRequest | None:
@@ -99,8 +135,14 @@ class DecodeState:
         return incoming
 
     def start(self, request_id: str, context_tokens: int, now_s: float) -> None:
-        self.drop_incoming(request_id)
-        self.decoding[request_id] = DecodingRequest(context_tokens, now_s)
+        """The request joined the batch; it keeps the forecast it was booked with."""
+        incoming = self.drop_incoming(request_id)
+        expected_s, expected_tokens = (
+            (incoming.expected_s, incoming.expected_tokens) if incoming else (math.inf, 0)
+        )
+        self.decoding[request_id] = DecodingRequest(
+            context_tokens, now_s, expected_s, expected_tokens
+        )
         self.decoding_context_tokens += context_tokens
 
     def grow(self, request_id: str, context_tokens: int) -> None:

@@ -13,7 +13,13 @@ PREFILL_SCHEDULERS: tuple[str, ...] = ("kvcache-centric", "cache-aware", "load-b
 REJECTION_POLICIES: tuple[str, ...] = ("none", "baseline", "early", "early-predicted")
 EVICTION_POLICIES: tuple[str, ...] = ("lru", "lfu", "length-aware")
 _INT_FIELDS = ("block_size", "decode_time_window", "seed", "max_in_flight_requests")
-_NUMBER_FIELDS = ("kvcache_balancing_threshold", "ttft_slo_s", "tbt_slo_s", "decode_time_s")
+_NUMBER_FIELDS = (
+    "kvcache_balancing_threshold",
+    "ttft_slo_s",
+    "tbt_slo_s",
+    "decode_time_s",
+    "predicted_load_limit",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,9 +40,16 @@ class PolicyConfig:
     tbt_slo_s: float = 0.1
     # t_d: the uniform decode time early-predicted assumes for every decoding request.
     decode_time_s: float = 20.0
-    # When set, t_d becomes the mean decode time of the last `decode_time_window` completions.
-    learn_decode_time: bool = False
+    # early-predicted's forecast of each request's decode: learned from the last
+    # `decode_time_window` completions (its max_tokens times the share requests really
+    # generate, times their seconds per token), or off: every request decodes for the
+    # uniform t_d `decode_time_s` (the paper's form).
+    learn_decode_time: bool = True
     decode_time_window: int = 256
+    # early-predicted admits while the predicted decode load stays at or under this: below
+    # 1.0 keeps headroom for the forecast's error, above it trusts the decode instance's own
+    # check on arrival to catch the rest (less refused, more prefill wasted).
+    predicted_load_limit: float = 1.0
     seed: int = 0
     # Requests admitted and not yet ended, cluster-wide; past it admission refuses
     # ("in_flight_limit"), in the live Conductor and in the twin alike.
@@ -68,6 +81,9 @@ class PolicyConfig:
             value = getattr(self, name)
             if not (value > 0 and math.isfinite(value)):
                 raise ValueError(f"{name} must be a positive number of seconds, got {value}")
+        limit = self.predicted_load_limit
+        if not (limit > 0 and math.isfinite(limit)):
+            raise ValueError(f"predicted_load_limit must be a positive number, got {limit}")
         if self.decode_time_window <= 0:
             raise ValueError(f"decode_time_window must be positive, got {self.decode_time_window}")
         if self.max_in_flight_requests <= 0:

@@ -7,7 +7,6 @@ admission, replicas. It performs no I/O and reads no clock.
 """
 
 import random
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -18,9 +17,13 @@ from backend.policy.cluster import DecodeState, PrefillState
 from backend.policy.config import PolicyConfig
 from backend.policy.cost_model import CostModel
 from backend.policy.decode_load import (
+    DecodeForecast,
+    DecodeTimes,
+    ForecastLog,
     choose_decode,
     current_ratio,
     load_of,
+    mean_load,
     predicted_mean_ratio,
 )
 from backend.policy.effects import (
@@ -65,7 +68,9 @@ class ConductorCore:
         self.decode: dict[str, DecodeState] = {}
         self._requests: dict[str, _Admitted] = {}
         self._rng = random.Random(config.seed)
-        self._decode_durations_s: deque[float] = deque(maxlen=config.decode_time_window)
+        self._decode_times = DecodeTimes(config.decode_time_window)
+        # early-predicted's forecasts, settled against the pool when their moment comes.
+        self.forecasts = ForecastLog()
         self._handlers: dict[type, Callable[[Any], tuple[Effect, ...]]] = {
             ev.RequestArrived: self.on_request_arrived,
             ev.PrefillStarted: self.on_prefill_started,
@@ -88,15 +93,16 @@ class ConductorCore:
     # -- entry point ----------------------------------------------------------------------
     def handle(self, event: ev.Event) -> tuple[Effect, ...]:
         """Apply one event and return the effects the driver must carry out, in order."""
+        self.forecasts.settle(
+            event.now_s,
+            lambda: mean_load(self.cost, self.decode.values(), self.config.tbt_slo_s),
+        )
         return self._handlers[type(event)](event)
 
     def reconfigure(self, config: PolicyConfig) -> None:
         """Switch knobs (threshold, scheduler, admission, SLOs) keeping the cluster view."""
         self.config = config
-        if config.decode_time_window != self._decode_durations_s.maxlen:
-            self._decode_durations_s = deque(
-                self._decode_durations_s, maxlen=config.decode_time_window
-            )
+        self._decode_times.resize(config.decode_time_window)
 
     def recost(self, cost: CostModel) -> None:
         """Believe a new cost model (a calibration refit) from the next event on; work already
@@ -105,10 +111,19 @@ class ConductorCore:
 
     @property
     def decode_time_s(self) -> float:
-        """t_d: configured, or learned from recent completions when `learn_decode_time`."""
-        if self.config.learn_decode_time and self._decode_durations_s:
-            return sum(self._decode_durations_s) / len(self._decode_durations_s)
+        """Mean decode time: learned from recent completions when `learn_decode_time`, else
+        the configured uniform t_d (used for Retry-After hints)."""
+        learned = self._decode_times.mean_s()
+        if self.config.learn_decode_time and learned is not None:
+            return learned
         return self.config.decode_time_s
+
+    @property
+    def decode_forecast(self) -> DecodeForecast:
+        """How early-predicted forecasts a request's decode (decode_load.DecodeForecast)."""
+        if not self.config.learn_decode_time:
+            return DecodeForecast(uniform_s=self.config.decode_time_s)
+        return self._decode_times.forecast()
 
     @property
     def num_in_flight(self) -> int:
@@ -200,7 +215,18 @@ class ConductorCore:
         prefill_state = self.prefill[chosen.instance_id]
         occupancy_s = chosen.transfer_s + chosen.prefill_s
         prefill_state.enqueue(event.request_id, occupancy_s)
-        decode_state.add_incoming(event.request_id, event.num_input_tokens, now_s + chosen.ttft_s)
+        forecast = self.decode_forecast
+        batch = len(decode_state.decoding) + len(decode_state.incoming) + 1
+        context = decode_state.decoding_context_tokens + event.num_input_tokens
+        decode_state.add_incoming(
+            event.request_id,
+            event.num_input_tokens,
+            now_s + chosen.ttft_s,
+            expected_s=forecast.decode_s(
+                event.num_output_tokens, self.cost.decode.step_s(batch, context)
+            ),
+            expected_tokens=forecast.expected_tokens(event.num_output_tokens),
+        )
         self._requests[event.request_id] = _Admitted(
             arrival=event,
             prefill_instance_id=chosen.instance_id,
@@ -248,7 +274,6 @@ class ConductorCore:
                 chosen_instance_id=decode_state.instance_id,
                 context_tokens=event.num_input_tokens,
                 at_s=event.now_s + estimated_ttft_s,
-                decode_time_s=self.decode_time_s,
                 tbt_slo_s=tbt_slo_s,
             )
         loads = LoadSnapshot(
@@ -260,8 +285,12 @@ class ConductorCore:
             ),
             predicted_decode_load=predicted,
             decode_time_s=self.decode_time_s,
+            predicted_load_limit=self.config.predicted_load_limit,
         )
-        return admit(policy, loads)
+        rejection = admit(policy, loads)
+        if rejection is None and predicted is not None:  # judged when its prefill ends
+            self.forecasts.add(event.now_s, event.now_s + estimated_ttft_s, predicted)
+        return rejection
 
     def on_prefill_started(self, event: ev.PrefillStarted) -> tuple[Effect, ...]:
         admitted = self._requests.get(event.request_id)
@@ -323,7 +352,11 @@ class ConductorCore:
             return NO_EFFECTS
         running = self.decode[admitted.decode_instance_id].finish(event.request_id)
         if running is not None:
-            self._decode_durations_s.append(event.now_s - running.started_s)
+            self._decode_times.add(
+                event.now_s - running.started_s,
+                event.num_generated_tokens,
+                admitted.arrival.num_output_tokens,
+            )
         return NO_EFFECTS
 
     def on_decode_rejected(self, event: ev.DecodeRejected) -> tuple[Effect, ...]:
@@ -413,7 +446,13 @@ class ConductorCore:
                     target = choose_decode(
                         self.cost, open_decode, incoming.context_tokens, self.config.tbt_slo_s
                     )
-                    target.add_incoming(request_id, incoming.context_tokens, incoming.ready_s)
+                    target.add_incoming(
+                        request_id,
+                        incoming.context_tokens,
+                        incoming.ready_s,
+                        incoming.expected_s,
+                        incoming.expected_tokens,
+                    )
                     admitted.decode_instance_id = target.instance_id
                 else:
                     self._forget(request_id)

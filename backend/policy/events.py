@@ -62,8 +62,12 @@ class DecodeStep:
 
 @dataclass(frozen=True, slots=True)
 class DecodeFinished:
+    """The request's last token; `num_generated_tokens` (when the driver counts them) teaches
+    early-predicted how much of max_tokens requests really use."""
+
     now_s: float
     request_id: str
+    num_generated_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -741,7 +741,7 @@ class ConductorRuntime(EffectHandler):
             )
             outcome = self._outcome("rejected", reason, message.stage or "decode")
         else:
-            event = ev.DecodeFinished(now_s, stream.request_id)
+            event = ev.DecodeFinished(now_s, stream.request_id, len(stream.tokens))
             # TTFT (backend/observe/measures.py): arrival to the first token leaving the Conductor.
             first_s = stream.token_times_s[0] if stream.token_times_s else now_s
             ttft_s = first_s - stream.arrival_s

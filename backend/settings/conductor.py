@@ -131,6 +131,9 @@ class ConductorSettings(BaseSettings):
     decode_time_s: Seconds = _POLICY_DEFAULTS.decode_time_s  # t_d of early-predicted
     learn_decode_time: bool = _POLICY_DEFAULTS.learn_decode_time
     decode_time_window: int = Field(default=_POLICY_DEFAULTS.decode_time_window, gt=0)
+    predicted_load_limit: float = Field(
+        default=_POLICY_DEFAULTS.predicted_load_limit, gt=0, allow_inf_nan=False
+    )
     seed: int = _POLICY_DEFAULTS.seed
     max_in_flight_requests: int = Field(default=_POLICY_DEFAULTS.max_in_flight_requests, gt=0)
 
@@ -287,6 +290,7 @@ class ConductorSettings(BaseSettings):
             decode_time_s=self.decode_time_s,
             learn_decode_time=self.learn_decode_time,
             decode_time_window=self.decode_time_window,
+            predicted_load_limit=self.predicted_load_limit,
             seed=self.seed,
             max_in_flight_requests=self.max_in_flight_requests,
         )

@@ -57,9 +57,15 @@ def test_admit(policy, loads, expected_reason) -> None:
 DECODE = DecodeFit(fixed_s=0.0, per_request_s=0.01, per_context_token_s=0.0)
 
 
-def config(policy: str) -> PolicyConfig:
+def config(policy: str, *, learn: bool = False) -> PolicyConfig:
+    """The paper's form by default: every request decodes for the uniform t_d of 20 s."""
     return PolicyConfig(
-        block_size=16, rejection_policy=policy, ttft_slo_s=100.0, tbt_slo_s=0.1, decode_time_s=20.0
+        block_size=16,
+        rejection_policy=policy,
+        ttft_slo_s=100.0,
+        tbt_slo_s=0.1,
+        decode_time_s=20.0,
+        learn_decode_time=learn,
     )
 
 
@@ -167,3 +173,89 @@ def test_a_decode_instance_with_full_kv_memory_counts_as_loaded() -> None:
         core.reconfigure(config(policy))
         (verdict,) = core.handle(RequestArrived(100.0, f"probe-{policy}", (), 200, 10))
         assert isinstance(verdict, Reject) and "KV memory" in verdict.message
+
+
+# -- the learned forecast (the default) -----------------------------------------------------
+def finish_one(core, request_id: str, start_s: float, seconds: float, generated: int) -> None:
+    from backend.policy import DecodeFinished
+
+    run_to_decode(core, request_id, start_s)  # asks for 10 tokens
+    core.handle(DecodeFinished(start_s + seconds, request_id, generated))
+
+
+def test_learned_forecasts_converge_to_the_median_pace_and_share_of_completions() -> None:
+    core = make_core(config("early-predicted", learn=True), linear_cost(decode=DECODE))
+    assert core.decode_forecast.seconds_per_token is None  # nothing learned: the step stands in
+    # Five requests asked for 10 tokens, generated 5 at 0.2 s each; one stalled stream.
+    for n in range(5):
+        finish_one(core, f"r{n}", 0.0, 1.0, 5)
+    finish_one(core, "stalled", 0.0, 60.0, 5)
+    forecast = core.decode_forecast
+    assert forecast.seconds_per_token == pytest.approx(0.2) and forecast.output_share == 0.5
+    assert forecast.decode_s(10, step_s=99.0) == pytest.approx(1.0)  # 5 tokens x 0.2 s
+
+
+def test_requests_forecast_to_finish_before_the_prefill_ends_leave_the_prediction() -> None:
+    """Ten requests of 10 tokens at 0.2 s/token started at t=95 end at t=97: the paper's
+    t_d of 20 s keeps them in the pool at t=100 and rejects; the learned forecast does not."""
+
+    def learned_then_ten_at_95(core) -> None:
+        for n in range(5):
+            finish_one(core, f"learned{n}", 0.0, 2.0, 10)  # 0.2 s per token, all 10 tokens
+        for n in range(10):
+            run_to_decode(core, f"recent{n}", 95.0)
+
+    for learn, expected in ((False, Reject), (True, DispatchPrefill)):
+        # Forecasts are booked with each request, under the configuration then in force.
+        core = make_core(config("none", learn=learn), linear_cost(decode=DECODE))
+        learned_then_ten_at_95(core)
+        core.reconfigure(config("early-predicted", learn=learn))
+        (verdict,) = core.handle(RequestArrived(100.0, "probe", (), 100, 10))
+        assert isinstance(verdict, expected), (learn, verdict)
+
+
+def test_requests_still_decoding_at_the_prefills_end_stay_in_the_prediction() -> None:
+    def learned_then_ten_at_99(core) -> None:
+        for n in range(5):
+            finish_one(core, f"learned{n}", 0.0, 2.0, 10)
+        for n in range(10):
+            run_to_decode(core, f"recent{n}", 99.5)  # end at t=101.5, after the probe's prefill
+
+    core = make_core(config("none", learn=True), linear_cost(decode=DECODE))
+    learned_then_ten_at_99(core)
+    core.reconfigure(config("early-predicted", learn=True))
+    (verdict,) = core.handle(RequestArrived(100.0, "probe", (), 100, 10))
+    assert isinstance(verdict, Reject) and verdict.reason == "tbt_slo"
+
+
+def test_each_admitted_forecast_is_settled_against_the_pool_when_its_moment_comes() -> None:
+    from backend.policy import Tick
+
+    core = make_core(config("none"), linear_cost(decode=DECODE))
+    for n in range(3):
+        run_to_decode(core, f"busy{n}", 0.0)  # booked with the uniform 20 s: still decoding
+    core.reconfigure(config("early-predicted", learn=True))
+    (dispatch,) = core.handle(RequestArrived(1.0, "probe", (), 100, 10))
+    assert isinstance(dispatch, DispatchPrefill)
+    assert core.forecasts.summary()["num_decode_forecasts"] == 0  # not due yet
+    core.handle(Tick(1.0 + dispatch.estimated_ttft_s + 0.01))
+    (record,) = core.forecasts.records
+    # Predicted: the three busy ones and the probe (0.4); realized: the three (0.3).
+    assert record.predicted == pytest.approx(0.4) and record.realized == pytest.approx(0.3)
+    summary = core.forecasts.summary()
+    assert summary["decode_forecast_mae"] == pytest.approx(0.1)
+    assert summary["decode_forecast_bias"] == pytest.approx(0.1)
+
+
+def test_the_predicted_load_limit_moves_where_early_predicted_refuses() -> None:
+    from dataclasses import replace
+
+    loads = snapshot(current=0.5, predicted=0.95)
+    assert admit("early-predicted", loads) is None
+    tight = admit("early-predicted", replace(loads, predicted_load_limit=0.9))
+    assert tight is not None and "over 90%" in tight.message  # headroom for forecast error
+    trusting = replace(loads, predicted_decode_load=1.05, predicted_load_limit=1.1)
+    assert admit("early-predicted", trusting) is None
+    assert admit("early", replace(snapshot(current=1.05), predicted_load_limit=1.1))  # only e-p
+    with pytest.raises(ValueError, match="predicted_load_limit"):
+        PolicyConfig(predicted_load_limit=0.0)

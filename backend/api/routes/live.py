@@ -21,6 +21,7 @@ from backend.api.routes.observe import AgentView, agent_view
 from backend.api.schemas.errors import ErrorBody
 from backend.db import cluster_log, config_store, request_log
 from backend.observe.live_report import build_live_report, default_interval_s
+from backend.policy.decode_load import forecast_error
 from backend.runtime.roles import RoleSwitchRefused
 
 router = APIRouter(prefix="/v1", tags=["observe"])
@@ -99,7 +100,7 @@ def read_report(
             session=session, start_s=start_s, end_s=end_s
         )
         samples = cluster_log.list_load_samples(session=session, start_s=start_s, end_s=end_s)
-    return build_live_report(
+    report = build_live_report(
         runtime.config,
         requests,
         decisions,
@@ -108,6 +109,10 @@ def read_report(
         end_s=end_s,
         interval_s=interval_s,
     )
+    # early-predicted's forecasts of the window (kept in memory since this Conductor started).
+    with runtime.locked():
+        forecasts = runtime.core.forecasts.between(start_s, end_s)
+    return {**report, **forecast_error(forecasts)}
 
 
 @router.get("/cache", summary="Hottest blocks (hits, replicas, holders) and pool occupancy")
