@@ -121,6 +121,12 @@ class ConductorRuntime(EffectHandler):
         self._finished: deque[str] = deque()
         self.max_finished_requests = max_finished_requests
         self._left: dict[str, str] = {}  # instance id -> why it left
+        # An agent prefills one request at a time, in the order they reach it: a request
+        # dispatched to it waits in its line and starts, in the core's view, when the one
+        # before it there ends (as a twin prefill instance starts its next job). Fed at
+        # dispatch instead, every request would seem to run at once and the core's T_queue
+        # would miss the agent's backlog.
+        self._prefill_lines: dict[str, deque[str]] = {}
         self.hits = BlockHits()
         self._sampler = (
             LoadSampler(
@@ -388,6 +394,7 @@ class ConductorRuntime(EffectHandler):
             if info is None:
                 return
             self._left[instance_id] = reason
+            self._prefill_lines.pop(instance_id, None)
             effects = self.core.handle(ev.AgentLeft(self._clock(), instance_id, reason))
             after = self._apply(effects)
         info.channel.close()
@@ -670,8 +677,7 @@ class ConductorRuntime(EffectHandler):
                 return  # its AgentLeft re-routes or fails it
             addresses = {i: a.join.data_address for i, a in self._agents.items()}
             prefill_id = effect.instance_id
-            started = ev.PrefillStarted(self._clock(), stream.request_id, prefill_id)
-            after = self._apply(self.core.handle(started))
+            after = self._apply(self._join_line(prefill_id, stream.request_id))
         self._after(after)
         request = dispatch_prefill_to_proto(
             effect, stream.token_ids, addresses, replicate=replicate
@@ -680,6 +686,9 @@ class ConductorRuntime(EffectHandler):
         try:
             reply = prefill.stub.DispatchPrefill(request, metadata=self._metadata)
         except grpc.RpcError as error:
+            with self._lock:
+                after = self._apply(self._leave_line(prefill_id, stream.request_id))
+            self._after(after)
             self._on_rpc_error(stream, prefill_id, error, "prefill")
             return
         stream.prefill_answered_s = self._clock()
@@ -688,16 +697,47 @@ class ConductorRuntime(EffectHandler):
         stream.num_fetched_tokens = reply.num_fetched_tokens
         with self._lock:
             if stream.dispatch is not effect:
-                return
-            effects = self.core.handle(
-                ev.PrefillFinished(self._clock(), stream.request_id, prefill_id)
-            )
-            stream.stage = "decode"
-            after = self._apply(effects)
+                after = self._apply(self._leave_line(prefill_id, stream.request_id))
+                effects = ()
+            else:
+                effects = self.core.handle(
+                    ev.PrefillFinished(self._clock(), stream.request_id, prefill_id)
+                )
+                stream.stage = "decode"
+                after = self._apply((*effects, *self._leave_line(prefill_id, stream.request_id)))
         self._after(after)
         for decode in effects:
             if isinstance(decode, DispatchDecode) and decode.request_id == stream.request_id:
                 self._run_decode(stream, decode, reply.first_token)
+
+    def _join_line(self, instance_id: str, request_id: str) -> tuple[Effect, ...]:
+        """Queue a dispatched request at its prefill agent; it starts at once if first.
+        Under the lock."""
+        line = self._prefill_lines.setdefault(instance_id, deque())
+        line.append(request_id)
+        if len(line) > 1:
+            return ()
+        return self.core.handle(ev.PrefillStarted(self._clock(), request_id, instance_id))
+
+    def _leave_line(self, instance_id: str, request_id: str) -> tuple[Effect, ...]:
+        """The request's prefill ended (answered or failed): the next live one in its agent's
+        line starts. Under the lock."""
+        line = self._prefill_lines.get(instance_id)
+        if not line or request_id not in line:
+            return ()
+        was_first = line[0] == request_id
+        line.remove(request_id)
+        while was_first and line:
+            head = self._requests.get(line[0])
+            dispatch = head.dispatch if head is not None else None
+            if head is None or head.is_finished or dispatch is None:
+                line.popleft()  # ended meanwhile
+                continue
+            if dispatch.instance_id != instance_id:
+                line.popleft()  # re-routed meanwhile
+                continue
+            return self.core.handle(ev.PrefillStarted(self._clock(), line[0], instance_id))
+        return ()
 
     def _run_decode(self, stream: RequestStream, effect: DispatchDecode, first_token: int) -> None:
         with self._lock:
