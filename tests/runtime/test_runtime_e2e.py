@@ -139,3 +139,20 @@ def test_a_prefix_cached_on_a_busy_agent_is_fetched_by_another_and_the_kv_moves(
     while runtime.core.index.num_replicas(keys[0]) < 2:
         assert time.monotonic() < deadline, "the replica never reached the index"
         time.sleep(0.05)
+
+
+def test_the_core_sees_each_agents_backlog_one_prefill_running_at_a_time(cluster):
+    """An agent prefills one request at a time: the core must see the others queued behind
+    it (T_queue counts them), not running side by side from the moment they were sent."""
+    runtime, _ = cluster
+    prompts = [_prompt(100 + n, np.zeros(0, dtype=int), 40 * BLOCK) for n in range(8)]
+    streams = [runtime.submit(f"burst{n}", prompt, 2) for n, prompt in enumerate(prompts)]
+    seen_queued = False
+    while not all(stream.is_finished for stream in streams):
+        with runtime.locked():
+            for state in runtime.core.prefill.values():
+                assert len(state.running) <= 1, state.running
+                seen_queued = seen_queued or bool(state.queued_s)
+        time.sleep(0.002)
+    assert all(stream.result(30).state == "completed" for stream in streams)
+    assert seen_queued  # eight prompts to two agents: some waited in line
