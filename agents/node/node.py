@@ -226,8 +226,10 @@ class NodeAgent:
                     self.transport, decode_address, request_id, result.paged_kv(self.block_size)
                 )
             except (TransportError, OSError) as error:
+                # ABORTED, not UNAVAILABLE: this agent is fine, the decode side is not, and
+                # the Conductor takes UNAVAILABLE to mean the agent it called is gone.
                 message = f"KV hand-off to {decode_address} failed: {error}"
-                raise PlanError("UNAVAILABLE", message) from error
+                raise PlanError("ABORTED", message) from error
         handoff_s = time.perf_counter() - handoff_started_s
         return PrefillOutcome(
             request_id=request_id,

@@ -816,11 +816,13 @@ class ConductorRuntime(EffectHandler):
         self, stream: RequestStream, instance_id: str, error: grpc.RpcError, stage: str
     ) -> None:
         """An unreachable agent is dead (AgentLeft fails its in-flight requests, this one
-        included); any other error fails just this request."""
+        included); any other error fails just this request (a prefill agent whose KV
+        hand-off to a decode agent failed answers ABORTED and stays)."""
         code = error.code()  # type: ignore[attr-defined]
         if code == grpc.StatusCode.UNAVAILABLE:
             self.leave(instance_id, f"unreachable ({error.details()})")  # type: ignore[attr-defined]
-        self._fail(stream, f"{stage} on {instance_id} failed: {code.name}", stage)
+        details = error.details() or ""  # type: ignore[attr-defined]
+        self._fail(stream, f"{stage} on {instance_id} failed: {code.name} {details}"[:500], stage)
 
     def _fail(self, stream: RequestStream, reason: str, stage: str) -> None:
         """End a request as failed and drop it from the core's books."""

@@ -156,3 +156,38 @@ def test_the_core_sees_each_agents_backlog_one_prefill_running_at_a_time(cluster
         time.sleep(0.002)
     assert all(stream.result(30).state == "completed" for stream in streams)
     assert seen_queued  # eight prompts to two agents: some waited in line
+
+
+def test_a_dead_decode_agent_fails_its_hand_offs_but_never_expels_a_prefill_agent(sessions):
+    """Issue: a failed KV hand-off answered UNAVAILABLE, which the runtime read as "this
+    prefill agent is gone", emptying the index. Now the prefill agents stay, each request
+    ends in one terminal state, and once the dead agent is declared gone requests complete."""
+    runtime = ConductorRuntime(
+        make_settings(), COST, session_factory=sessions, grpc_address="127.0.0.1:0"
+    ).start()
+    extra = ("--conductor", runtime.address)
+    roles = ("prefill", "prefill", "decode", "decode")
+    agents = wait_all([AgentProcess(role, SECRET, *extra) for role in roles])
+    try:
+        deadline = time.monotonic() + 30
+        while len(runtime.agents()) < 4 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        prefill_ids = {a.instance_id for a, r in zip(agents, roles, strict=True) if r == "prefill"}
+        victim = agents[roles.index("decode")]
+        victim.process.kill()
+        victim.process.wait(10)
+        shared = np.zeros(0, dtype=int)
+        streams = [runtime.submit(f"k{n}", _prompt(200 + n, shared, 30), 4) for n in range(8)]
+        outcomes = [stream.result(60) for stream in streams]
+        assert all(o.state in ("completed", "failed", "rejected") for o in outcomes)
+        assert prefill_ids <= set(runtime.agents())  # no prefill agent was thrown out
+        assert any(o.state == "failed" and "ABORTED" in (o.reason or "") for o in outcomes)
+        deadline = time.monotonic() + 15  # the heartbeat timeout takes the dead one out
+        while victim.instance_id in runtime.agents() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        after = runtime.submit("after", _prompt(300, shared, 30), 4)
+        assert after.result(60).state == "completed"
+        assert prefill_ids <= set(runtime.agents())
+    finally:
+        stop_agents([a for a in agents if a is not victim])
+        runtime.stop()
