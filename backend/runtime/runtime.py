@@ -629,6 +629,9 @@ class ConductorRuntime(EffectHandler):
             tbt_max_s=tbt[2] if tbt else None,
         )
         stream.dispatch = None
+        # Kept for the newest max_finished_requests finished requests: only what callers read
+        # (outcome, generated tokens, decisions), not the prompt (160 KiB at 4,000 tokens).
+        stream.token_ids, stream.block_keys, stream.token_times_s = (), (), []
         self._log_record("outcome", request_id=request_id, outcome=stream.outcome)
         self._finished.append(request_id)
         while len(self._finished) > self.max_finished_requests:

@@ -191,3 +191,10 @@ def test_a_dead_decode_agent_fails_its_hand_offs_but_never_expels_a_prefill_agen
     finally:
         stop_agents([a for a in agents if a is not victim])
         runtime.stop()
+
+
+def test_a_finished_request_keeps_its_outcome_and_tokens_but_not_its_prompt(cluster):
+    runtime, _ = cluster
+    stream = runtime.submit("lean", _prompt(400, np.zeros(0, dtype=int), 500), 3)
+    assert stream.result(30).state == "completed" and len(stream.tokens) == 3
+    assert stream.token_ids == () and stream.block_keys == () and stream.token_times_s == []
