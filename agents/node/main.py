@@ -27,6 +27,10 @@ DRAIN_TIMEOUT_S = 30.0
 
 def serve(settings: AgentSettings, metrics_listen: str | None = None) -> int:
     """Run the agent; prints one 'ready' line with its addresses; returns the exit code."""
+    if settings.torch_threads is not None:
+        import torch
+
+        torch.set_num_threads(settings.torch_threads)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())

@@ -30,11 +30,16 @@ class AgentSettings:
     profile: Path | None = None  # a cost-model profile (JSON) for predicted TBT
     tbt_slo_s: float | None = None  # enables the local TBT check on decode arrival
     max_batch_size: int = 64
+    # Torch's intra-op threads; None: torch's default (every core). Agents that share a
+    # host should split its cores: oversubscribed, each one's threads wait on the others'.
+    torch_threads: int | None = None
 
     def __post_init__(self) -> None:
         if self.role not in ("prefill", "decode"):
             raise ValueError(f"role must be 'prefill' or 'decode', got {self.role!r}")
         get_preset(self.preset)  # ValueError naming the presets
+        if self.torch_threads is not None and self.torch_threads < 1:
+            raise ValueError(f"torch threads must be at least 1, got {self.torch_threads}")
         parse_address(self.listen)
         parse_address(self.data_listen)
         if not self.secret:

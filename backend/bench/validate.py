@@ -32,6 +32,7 @@ from backend.cli.children import (
     agent_names,
     free_port,
     get_json,
+    shared_host_threads,
     stop_stack,
     wait_for,
 )
@@ -177,6 +178,7 @@ def run_live(
                     conductor=f"127.0.0.1:{grpc_port}",
                     env=env,
                     logs=logs,
+                    torch_threads=shared_host_threads(len(roles)),
                 )
             )
 

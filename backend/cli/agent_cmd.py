@@ -49,6 +49,13 @@ def agent_command(
     seed: int = typer.Option(0, "--seed", help="Seed of the dummy weights."),
     profile: Path | None = typer.Option(None, "--profile", help="Cost-model profile JSON."),
     tbt_slo: float | None = typer.Option(None, "--tbt-slo", help="Local TBT check, seconds."),
+    torch_threads: int | None = typer.Option(
+        None,
+        "--torch-threads",
+        min=1,
+        help="Torch's intra-op threads (default: every core). Agents sharing a host should "
+        "split its cores; `kvcentric up` gives each agent cores / agents.",
+    ),
     metrics_listen: str | None = typer.Option(
         None,
         "--metrics-listen",
@@ -79,6 +86,7 @@ def agent_command(
             seed=seed,
             profile=profile,
             tbt_slo_s=tbt_slo,
+            torch_threads=torch_threads,
         )
         if metrics_listen is not None:
             parse_address(metrics_listen)

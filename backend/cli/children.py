@@ -3,6 +3,7 @@ admission`): each child with its log, waiting until they are ready, stopping the
 """
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -68,7 +69,14 @@ def agent_names(num_prefill: int, num_decode: int) -> list[tuple[str, str]]:
 
 
 def agent_child(
-    role: str, instance_id: str, *, block_size: int, conductor: str, env: dict[str, str], logs: Path
+    role: str,
+    instance_id: str,
+    *,
+    block_size: int,
+    conductor: str,
+    env: dict[str, str],
+    logs: Path,
+    torch_threads: int | None = None,
 ) -> Child:
     """A `tiny` agent on free loopback ports that joins `conductor` ("host:port")."""
     args = [
@@ -76,9 +84,18 @@ def agent_child(
         "--data-listen", "127.0.0.1:0", "--preset", "tiny", "--instance-id", instance_id,
         "--block-size", str(block_size), "--conductor", conductor,
     ]  # fmt: skip
+    if torch_threads is not None:
+        args += ["--torch-threads", str(torch_threads)]
     return Child(
         f"agent {instance_id}", args, env, logs / f"agent-{instance_id}.log", stdout_pipe=False
     )
+
+
+def shared_host_threads(num_agents: int) -> int:
+    """Torch threads for each of `num_agents` agents on this machine: its cores split
+    between them (measured: 3 agents on 2 cores at 2 threads each made decode steps ~3x
+    slower than at 1, docs/benchmarks.md)."""
+    return max(1, (os.cpu_count() or 1) // num_agents)
 
 
 def free_port(host: str) -> int:

@@ -29,6 +29,7 @@ from backend.cli.children import (
     answers,
     free_port,
     get_json,
+    shared_host_threads,
     stop_stack,
     wait_for,
 )
@@ -172,6 +173,7 @@ def up_command(
                         conductor=f"127.0.0.1:{gport}",
                         env=env,
                         logs=logs,
+                        torch_threads=shared_host_threads(len(roles)),
                     )
                 )
 
