@@ -37,6 +37,8 @@ class TwinConfig:
     decode_time_s: float = _POLICY.decode_time_s
     learn_decode_time: bool = _POLICY.learn_decode_time
     predicted_load_limit: float = _POLICY.predicted_load_limit
+    decode_time_window: int = _POLICY.decode_time_window
+    max_in_flight_requests: int = _POLICY.max_in_flight_requests
     # Replay speed: 2.0 replays the trace's arrivals twice as fast.
     speed: float = 1.0
     profile: str = "paper"
@@ -102,6 +104,8 @@ class TwinConfig:
             decode_time_s=self.decode_time_s,
             learn_decode_time=self.learn_decode_time,
             predicted_load_limit=self.predicted_load_limit,
+            decode_time_window=self.decode_time_window,
+            max_in_flight_requests=self.max_in_flight_requests,
             seed=self.seed,
             **slos,
         )
@@ -125,6 +129,8 @@ class TwinConfig:
             decode_time_s=config.decode_time_s,
             learn_decode_time=config.learn_decode_time,
             predicted_load_limit=config.predicted_load_limit,
+            decode_time_window=config.decode_time_window,
+            max_in_flight_requests=config.max_in_flight_requests,
             seed=config.seed,
             block_size=config.block_size,
             **others,

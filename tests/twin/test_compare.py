@@ -122,3 +122,27 @@ def test_what_if_runs_both_configs_on_the_same_arrivals(shipped_trace):
     assert rows_by_metric["ttft_mean_s"]["baseline"] == reports["baseline"]["ttft_mean_s"]
     # The cache-centric scheduler reuses more of the prompt than random placement.
     assert rows_by_metric["cache_hit_ratio"]["verdict"] == "better"
+
+
+def test_the_twin_of_a_live_policy_carries_every_policy_setting() -> None:
+    """A setting the twin drops is a divergence nobody sees: round-trip every field."""
+    from backend.policy.config import PolicyConfig, policy_to_json
+    from twin.config import TwinConfig
+
+    live = PolicyConfig(
+        block_size=16,
+        prefill_scheduler="load-balancing",
+        kvcache_balancing_threshold=float("inf"),
+        rejection_policy="early",
+        eviction_policy="lfu",
+        ttft_slo_s=1.5,
+        tbt_slo_s=0.05,
+        decode_time_s=7.0,
+        learn_decode_time=False,
+        decode_time_window=32,
+        predicted_load_limit=0.9,
+        seed=3,
+        max_in_flight_requests=77,
+    )
+    twin = TwinConfig.of_live_policy(policy_to_json(live), num_prefill=2, num_decode=1)
+    assert twin.policy_config() == live
