@@ -93,11 +93,11 @@ class ConductorCore:
     # -- entry point ----------------------------------------------------------------------
     def handle(self, event: ev.Event) -> tuple[Effect, ...]:
         """Apply one event and return the effects the driver must carry out, in order."""
-        self.forecasts.settle(
-            event.now_s,
-            lambda: mean_load(self.cost, self.decode.values(), self.config.tbt_slo_s),
-        )
+        self.forecasts.settle(event.now_s, self._mean_decode_load)
         return self._handlers[type(event)](event)
+
+    def _mean_decode_load(self) -> float:
+        return mean_load(self.cost, self.decode.values(), self.config.tbt_slo_s)
 
     def reconfigure(self, config: PolicyConfig) -> None:
         """Switch knobs (threshold, scheduler, admission, SLOs) keeping the cluster view."""

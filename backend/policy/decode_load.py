@@ -95,32 +95,45 @@ class DecodeForecast:
 class DecodeTimes:
     """The recent completions early-predicted learns from: each one's decode seconds,
     generated tokens and max_tokens, the newest `window` of them; medians, so one stalled
-    stream does not move the forecast."""
+    stream does not move the forecast. The mean and the forecast are computed once per
+    completion, not per admission (both are read on every arrival)."""
 
     def __init__(self, window: int) -> None:
         self.seconds: deque[float] = deque(maxlen=window)
         self.per_token_s: deque[float] = deque(maxlen=window)
         self.output_share: deque[float] = deque(maxlen=window)
+        self._mean_s: float | None = None
+        self._forecast = DecodeForecast()
 
     def resize(self, window: int) -> None:
+        if window == self.seconds.maxlen:
+            return
         for name in ("seconds", "per_token_s", "output_share"):
             setattr(self, name, deque(getattr(self, name), maxlen=window))
+        self._refresh()
 
     def add(self, seconds: float, generated_tokens: int | None, max_tokens: int) -> None:
         self.seconds.append(seconds)
         if generated_tokens:  # drivers that do not count tokens teach only the mean time
             self.per_token_s.append(seconds / generated_tokens)
             self.output_share.append(min(1.0, generated_tokens / max(1, max_tokens)))
+        self._refresh()
 
     def mean_s(self) -> float | None:
-        return sum(self.seconds) / len(self.seconds) if self.seconds else None
+        return self._mean_s
 
     def forecast(self) -> DecodeForecast:
-        if not self.per_token_s:
-            return DecodeForecast()
-        return DecodeForecast(
-            seconds_per_token=statistics.median(self.per_token_s),
-            output_share=statistics.median(self.output_share),
+        return self._forecast
+
+    def _refresh(self) -> None:
+        self._mean_s = sum(self.seconds) / len(self.seconds) if self.seconds else None
+        self._forecast = (
+            DecodeForecast(
+                seconds_per_token=statistics.median(self.per_token_s),
+                output_share=statistics.median(self.output_share),
+            )
+            if self.per_token_s
+            else DecodeForecast()
         )
 
 
@@ -143,17 +156,29 @@ def predicted_mean_ratio(
     step_s = cost.decode.step_s
     total = 0.0
     count = 0
+    # On every admission: the per-request growth is written out here rather than called
+    # (DecodingRequest.context_at / IncomingRequest.context_at say the same).
     for state in states:
         batch = 0
         context = 0.0
         for running in state.decoding.values():
-            if running.expected_end_s > at_s:
+            left_s = running.started_s + running.expected_s - at_s
+            if left_s > 0:
                 batch += 1
-                context += running.context_at(at_s)
+                grown = running.context_tokens
+                if running.expected_tokens and left_s < running.expected_s:
+                    done = 1.0 - left_s / running.expected_s
+                    grown = max(grown, running.prompt_tokens + running.expected_tokens * done)
+                context += grown
         for incoming in state.incoming.values():
-            if incoming.ready_s <= at_s < incoming.ready_s + incoming.expected_s:
+            since_s = at_s - incoming.ready_s
+            if 0 <= since_s < incoming.expected_s:
                 batch += 1
-                context += incoming.context_at(at_s)
+                context += incoming.context_tokens + (
+                    incoming.expected_tokens * since_s / incoming.expected_s
+                    if incoming.expected_tokens
+                    else 0
+                )
         if state.instance_id == chosen_instance_id:
             batch += 1
             context += context_tokens

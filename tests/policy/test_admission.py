@@ -259,3 +259,28 @@ def test_the_predicted_load_limit_moves_where_early_predicted_refuses() -> None:
     assert admit("early", replace(snapshot(current=1.05), predicted_load_limit=1.1))  # only e-p
     with pytest.raises(ValueError, match="predicted_load_limit"):
         PolicyConfig(predicted_load_limit=0.0)
+
+
+def test_the_forecast_counts_kv_at_each_requests_pace_without_counting_tokens_twice() -> None:
+    from backend.policy.cluster import DecodeState
+    from backend.policy.decode_load import predicted_mean_ratio
+
+    kv_only = linear_cost(decode=DecodeFit(fixed_s=0.0, per_request_s=0.0, per_context_token_s=0.0))
+    state = DecodeState("D1", kv_capacity_tokens=1000)
+    # Decoding since t=0, 100 prompt tokens, forecast 100 tokens over 10 s; live has already
+    # reported 20 generated tokens (its context grew to 120).
+    state.add_incoming("a", 100, 0.0, expected_s=10.0, expected_tokens=100)
+    state.start("a", 100, 0.0)
+    state.grow("a", 120)
+    # In prefill, ready at t=4, forecast 50 tokens over 2 s: done by t=6.
+    state.add_incoming("b", 200, 4.0, expected_s=2.0, expected_tokens=50)
+    at_5 = predicted_mean_ratio(
+        kv_only, [state], chosen_instance_id="none", context_tokens=0, at_s=5.0, tbt_slo_s=1.0
+    )
+    # a: 100 + 100 x 0.5 = 150 (not 120 + 50); b: 200 + 50 x 0.5 = 225.
+    assert at_5 == pytest.approx((150 + 225) / 1000)
+    assert state.decoding["a"].context_at(5.0) == 150 and state.incoming["b"].context_at(5.0) == 225
+    at_7 = predicted_mean_ratio(
+        kv_only, [state], chosen_instance_id="none", context_tokens=0, at_s=7.0, tbt_slo_s=1.0
+    )
+    assert at_7 == pytest.approx(170 / 1000)  # b has finished; a is at 100 + 70
