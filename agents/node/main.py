@@ -1,12 +1,16 @@
 """Serving an agent until SIGTERM: bind the control API to --listen only (and Prometheus
 metrics to --metrics-listen only, when named), push heartbeats to the Conductor when one
-is named, then drain."""
+is named, then drain and exit, even when a call is stuck.
 
+`kill -USR1 PID` writes every thread's stack to stderr, for an agent that seems stuck."""
+
+import faulthandler
 import logging
 import os
 import signal
 import sys
 import threading
+import time
 from concurrent import futures
 
 import grpc
@@ -22,7 +26,7 @@ from backend.rpc.auth import SecretInterceptor
 
 logger = logging.getLogger(__name__)
 
-DRAIN_TIMEOUT_S = 30.0
+EXIT_JOIN_S = 2.0  # how long idle worker threads get to end before the exit
 
 
 def serve(settings: AgentSettings, metrics_listen: str | None = None) -> int:
@@ -34,12 +38,13 @@ def serve(settings: AgentSettings, metrics_listen: str | None = None) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
+    # A decode stream holds a thread until its last token: room for a full batch, plus the
+    # prefill, pool and state calls.
+    rpc_threads = futures.ThreadPoolExecutor(
+        max_workers=settings.max_batch_size + 16, thread_name_prefix="agent-rpc"
+    )
     server = grpc.server(
-        # A decode stream holds a thread until its last token: room for a full batch, plus
-        # the prefill, pool and state calls.
-        futures.ThreadPoolExecutor(
-            max_workers=settings.max_batch_size + 16, thread_name_prefix="agent-rpc"
-        ),
+        rpc_threads,
         interceptors=[SecretInterceptor(settings.secret)],
         options=[("grpc.so_reuseport", 0)],
     )
@@ -74,12 +79,13 @@ def serve(settings: AgentSettings, metrics_listen: str | None = None) -> int:
         service.flush_events = heartbeats.flush
     stop.wait()
     logger.info("agent %s: stopping; draining in-flight work", instance_id)
-    drained, left = agent.drain(DRAIN_TIMEOUT_S)
+    drained, left = agent.drain(settings.drain_timeout_s)
     if not drained:
         logger.warning("agent %s: %d call(s) still in flight after drain", instance_id, left)
     if heartbeats is not None:
         heartbeats.close()  # after the drain: the final heartbeat carries its KV events
     server.stop(grace=5).wait()
+    rpc_threads.shutdown(wait=False, cancel_futures=True)
     if metrics_server is not None:
         metrics_server.close()
     agent.close()
@@ -89,4 +95,27 @@ def serve(settings: AgentSettings, metrics_listen: str | None = None) -> int:
 
 def main(settings: AgentSettings, metrics_listen: str | None = None) -> None:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(message)s")
-    sys.exit(serve(settings, metrics_listen))
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    code = serve(settings, metrics_listen)
+    _exit_now(code)
+
+
+def _exit_now(code: int) -> None:
+    """Exit without waiting longer for threads still running (named in a warning). Python's
+    exit would join every worker thread of the gRPC pool, so one call stuck past the drain
+    would keep the agent alive after SIGTERM for ever; the drain has already waited."""
+    deadline_s = time.monotonic() + EXIT_JOIN_S
+    for thread in threading.enumerate():
+        if thread is not threading.main_thread() and not thread.daemon:
+            thread.join(max(0.0, deadline_s - time.monotonic()))
+    stuck = [
+        thread.name
+        for thread in threading.enumerate()
+        if thread is not threading.main_thread() and not thread.daemon and thread.is_alive()
+    ]
+    if stuck:
+        logger.warning("exiting with %d thread(s) still running: %s", len(stuck), ", ".join(stuck))
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -33,6 +33,7 @@ class AgentSettings:
     # Torch's intra-op threads; None: torch's default (every core). Agents that share a
     # host should split its cores: oversubscribed, each one's threads wait on the others'.
     torch_threads: int | None = None
+    drain_timeout_s: float = 30.0  # after SIGTERM, how long in-flight calls may finish
 
     def __post_init__(self) -> None:
         if self.role not in ("prefill", "decode"):
@@ -54,6 +55,8 @@ class AgentSettings:
             parse_address(self.conductor)
         if not self.heartbeat_interval_s > 0:
             raise ValueError(f"heartbeat interval must be > 0 s, got {self.heartbeat_interval_s}")
+        if self.drain_timeout_s < 0:
+            raise ValueError(f"drain timeout must be >= 0 s, got {self.drain_timeout_s}")
         if self.max_backlog_events < 1:
             raise ValueError(f"max backlog events must be >= 1, got {self.max_backlog_events}")
         if self.tbt_slo_s is not None and self.profile is None:

@@ -56,6 +56,13 @@ def agent_command(
         help="Torch's intra-op threads (default: every core). Agents sharing a host should "
         "split its cores; `kvcentric up` gives each agent cores / agents.",
     ),
+    drain_timeout_s: float = typer.Option(
+        30.0,
+        "--drain-timeout-s",
+        min=0.0,
+        help="After SIGTERM, seconds in-flight calls get to finish before the agent exits "
+        "anyway (keep it under Kubernetes' terminationGracePeriodSeconds).",
+    ),
     metrics_listen: str | None = typer.Option(
         None,
         "--metrics-listen",
@@ -87,6 +94,7 @@ def agent_command(
             profile=profile,
             tbt_slo_s=tbt_slo,
             torch_threads=torch_threads,
+            drain_timeout_s=drain_timeout_s,
         )
         if metrics_listen is not None:
             parse_address(metrics_listen)

@@ -6,9 +6,11 @@ line, so parallel test runs never collide.
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import grpc
@@ -83,11 +85,23 @@ class AgentProcess:
         self.stub = _WithSecret(self.bare_stub, call_metadata(self.secret))
         return self
 
-    def terminate(self, timeout_s: float = 30.0) -> int:
-        """SIGTERM, then the exit code."""
+    def terminate(self, timeout_s: float = 45.0) -> int:
+        """SIGTERM, then the exit code. An agent still running after `timeout_s` (more than
+        its 30 s drain) is made to write its threads' stacks, killed, and reported with
+        the end of its stderr."""
         self.process.terminate()
         try:
             return self.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.process.send_signal(signal.SIGUSR1)  # faulthandler: every thread's stack
+            time.sleep(1.0)
+            self.process.kill()
+            self.process.wait(10)
+            tail = "".join(self.stderr_lines[-200:])
+            raise AssertionError(
+                f"agent {self.instance_id} still running {timeout_s:.0f} s after SIGTERM; "
+                f"its stderr ends:\n{tail}"
+            ) from None
         finally:
             if self.process.poll() is None:
                 self.process.kill()

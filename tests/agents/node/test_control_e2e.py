@@ -2,6 +2,7 @@
 check, ReplicateBlocks, SetRole after a drain, and Drain waiting for in-flight calls."""
 
 import json
+import time
 
 import grpc
 import pytest
@@ -130,3 +131,23 @@ def test_drain_waits_for_in_flight_calls_and_refuses_new_ones(cluster) -> None:
     idle = decode.stub.Drain(pb.DrainRequest(timeout_s=5))
     assert (idle.drained, idle.num_in_flight) == (True, 0)
     assert decode.stub.GetState(pb.GetStateRequest()).draining
+
+
+def test_an_agent_exits_after_sigterm_even_with_a_call_stuck_past_its_drain() -> None:
+    """A decode stream far from its end holds a gRPC thread; SIGTERM drains for the
+    configured second, then the agent exits (0) instead of waiting on that thread."""
+    prefill, decode = wait_all(
+        [AgentProcess("prefill", SECRET), AgentProcess("decode", SECRET, "--drain-timeout-s", "1")]
+    )
+    try:
+        tokens = _prompt(900)
+        first = _hand_off(prefill, decode, "stuck-1", tokens)
+        stream = _decode(decode, "stuck-1", tokens, first, 1_000_000)
+        assert next(stream).token == first
+        started_s = time.monotonic()
+        assert decode.terminate(timeout_s=20) == 0
+        assert time.monotonic() - started_s < 15
+        log = "".join(decode.stderr_lines)
+        assert "1 call(s) still in flight after drain" in log
+    finally:
+        stop_agents([prefill, decode])
