@@ -28,6 +28,7 @@ from backend.policy.effects import (
 )
 from twin.config import TwinConfig
 from twin.decode import DecodeInstance, DecodeJob
+from twin.host import SharedHost
 from twin.prefill import PrefillInstance, PrefillJob
 from twin.recorder import Recorder, RequestRecord
 from twin.shard import KvEvent, PoolShard
@@ -60,6 +61,9 @@ class TwinCluster(EffectHandler):
         self._jobs: dict[str, PrefillJob] = {}
         self._num_requests = 0
         self._all_done = self.env.event()
+        # Instances of a live profile measured on one host crowd its cores as live did.
+        cores = timing.host_cores
+        self.host = SharedHost(self.env, cores) if cores else None
         self.prefill = {
             f"prefill-{n:02d}": PrefillInstance(
                 self.env,
@@ -71,6 +75,7 @@ class TwinCluster(EffectHandler):
                 on_started=self._on_prefill_started,
                 on_kv_events=self._apply_kv_events,
                 on_finished=self._on_prefill_finished,
+                host=self.host,
             )
             for n in range(config.num_prefill)
         }
@@ -87,6 +92,7 @@ class TwinCluster(EffectHandler):
                 decode_kv_capacity_tokens,
                 on_start=self._on_decode_started,
                 on_finish=self._on_decode_finished,
+                host=self.host,
             )
             for n in range(config.num_decode)
         }

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import simpy
 
+from twin.host import SharedHost
 from twin.timing import TimingModel
 
 _EPSILON_STEPS = 1e-9
@@ -42,6 +43,7 @@ class DecodeInstance:
         kv_capacity_tokens: int,
         on_start: Callable[[DecodeJob, float], None],
         on_finish: Callable[[DecodeJob, float, float, float], None],
+        host: SharedHost | None = None,
     ) -> None:
         self.env = env
         self.instance_id = instance_id
@@ -49,6 +51,10 @@ class DecodeInstance:
         self.kv_capacity_tokens = kv_capacity_tokens
         self._on_start = on_start
         self._on_finish = on_finish
+        self.host = host
+        self._on_host = False  # counted among the host's busy instances
+        if host is not None:
+            host.listen(self, self._on_host_change)
         self.jobs: dict[str, DecodeJob] = {}
         self.waiting: deque[DecodeJob] = deque()
         self._finish_heap: list[tuple[float, str]] = []  # (step at which it ends, request)
@@ -113,9 +119,18 @@ class DecodeInstance:
 
     def _reschedule(self) -> None:
         """New step time for the batch as it now stands, and a timer for the next finish."""
-        # A live profile adds what streaming each token costs beyond the step.
+        host = self.host
+        if host is not None and bool(self.jobs) != self._on_host:
+            self._on_host = bool(self.jobs)
+            if self._on_host:
+                host.enter(self)
+            else:
+                host.leave(self)
         self.step_s = self.timing.decode_step_s(len(self.jobs), self.context_tokens)
+        if host is not None:
+            self.step_s /= host.rate  # slowed while the host is crowded
         if self.jobs:
+            # A live profile adds what streaming each token costs beyond the step.
             self.step_s += self.timing.serving.per_token_s
         self.epoch_step_s.append(self.step_s)
         self.epoch_tokens.append(0.0)
@@ -127,6 +142,12 @@ class DecodeInstance:
         timer = self.env.timeout(steps_left * self.step_s)
         generation = self._timer_generation
         timer.callbacks.append(lambda _event: self._on_timer(generation))
+
+    def _on_host_change(self) -> None:
+        """Another instance began or stopped computing: re-time the running batch."""
+        if self.jobs:
+            self._advance()
+            self._reschedule()
 
     def _on_timer(self, generation: int) -> None:
         if generation != self._timer_generation:

@@ -99,8 +99,10 @@ class MeasuredTiming:
         prefill_points: Iterable[PrefillPoint],
         decode_points: Iterable[DecodePoint],
         serving: ServingFit = ServingFit(),
+        host_cores: float | None = None,
     ) -> None:
         self.name = name
+        self.host_cores = host_cores
         self.kv_bytes_per_token = kv_bytes_per_token
         self.link_bandwidth_bytes_per_s = link_bandwidth_bytes_per_s
         self.link_latency_s = link_latency_s
@@ -154,6 +156,7 @@ class MeasuredTiming:
             storage=storage,
             instance=read_capacities(data),
             serving=_serving(data),
+            host_cores=_host_cores(data),
             prefill_points=[
                 PrefillPoint(
                     input_tokens=integer(point, "input_tokens", where),
@@ -185,6 +188,16 @@ def _serving(data: Mapping[str, Any]) -> ServingFit:
     except TypeError as error:
         raise ValueError(f"'serving' has an unknown field: {error}") from None
     return serving
+
+
+def _host_cores(data: Mapping[str, Any]) -> float | None:
+    """The `host` section's cores (a live profile of agents on one host), else None."""
+    section = data.get("host")
+    if section is None:
+        return None
+    if not isinstance(section, Mapping):
+        raise ValueError("'host' must be a JSON object")
+    return number(section, "cores", "host.")
 
 
 def _prefill_coordinates(input_tokens: int, cached_tokens: int) -> tuple[int, int]:

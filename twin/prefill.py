@@ -15,6 +15,7 @@ from typing import Any
 import simpy
 
 from backend.policy.effects import CachePlan
+from twin.host import SharedHost
 from twin.shard import KvEvent, PoolShard
 from twin.timing import TimingModel
 
@@ -44,6 +45,7 @@ class PrefillInstance:
         on_started: Callable[[PrefillJob], None],
         on_kv_events: Callable[[list[KvEvent]], None],
         on_finished: Callable[[PrefillJob], None],
+        host: SharedHost | None = None,
     ) -> None:
         self.env = env
         self.instance_id = instance_id
@@ -57,6 +59,7 @@ class PrefillInstance:
         self._on_started = on_started
         self._on_kv_events = on_kv_events
         self._on_finished = on_finished
+        self.host = host
 
     def submit(self, job: PrefillJob) -> None:
         """Accept a dispatched job: pin what it reuses, start its fetch, queue its compute."""
@@ -86,8 +89,13 @@ class PrefillInstance:
         if fetched is not None:
             yield fetched
         self._on_started(job)
-        job.compute_s = self._duration_s(job, num_stages=len(members))
-        yield env.timeout(job.compute_s)
+        started_s = env.now
+        solo_s = self._duration_s(job, num_stages=len(members))
+        if self.host is None:
+            yield env.timeout(solo_s)
+        else:  # slowed while other instances compute on the same host
+            yield from self.host.run(solo_s)
+        job.compute_s = env.now - started_s
         for member, turn in zip(members, turns, strict=True):
             member.compute.release(turn)
         now_s = env.now

@@ -112,6 +112,11 @@ class RooflineTiming:
         """An analytic model has no serving path of its own."""
         return ServingFit()
 
+    @property
+    def host_cores(self) -> float | None:
+        """An analytic model's instances each have their own machine."""
+        return None
+
     def dispatch_delay_s(self) -> float:
         return 0.0
 

@@ -39,6 +39,11 @@ class TimingModel(Protocol):
         """The serving path's own costs: dispatch, first-token delivery, per-token streaming."""
         ...
 
+    @property
+    def host_cores(self) -> float | None:
+        """Cores the instances share on one host (twin/host.py); None: each has its own."""
+        ...
+
     def prefill_s(self, input_tokens: int, cached_tokens: int) -> float:
         """Compute time of a prompt whose first cached_tokens reuse KV (>= 1 token computed)."""
         ...

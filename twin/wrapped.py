@@ -37,6 +37,10 @@ class WrappedTiming:
     def serving(self) -> ServingFit:
         return self.base.serving
 
+    @property
+    def host_cores(self) -> float | None:
+        return self.base.host_cores
+
     def prefill_s(self, input_tokens: int, cached_tokens: int) -> float:
         return self.base.prefill_s(input_tokens, cached_tokens)
 

@@ -9,14 +9,20 @@ times and of the serving path's dispatch and first-token delays, which the twin 
 (twin/spread.py); the joined agents' capacities; and in `believed` the cost model the
 Conductor's policy ran with (its calibrated model, bounded per refit), so the twin's policy
 believes what live did.
+
+When every agent runs on one host, the times are first scaled back to what each would have
+taken alone (backend/observe/host_share.py) and the profile says in `host` how many cores
+the agents shared; the twin slows them again by how many of its agents compute at once.
 """
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from backend.policy.calibration import Calibrator
+from backend.observe.host_share import HostShare, host_share
+from backend.policy.calibration import Calibrator, DecodeStepSample, PrefillSample
 from backend.policy.cost_model import PROFILE_FORMAT, DecodeFit, PrefillFit, fit_decode, fit_prefill
 from backend.rpc.reports import Join
 
@@ -31,18 +37,26 @@ def live_profile(
 ) -> dict[str, Any]:
     """The profile of the cluster the calibration window measured; see the module docstring."""
     believed = calibrator.cost
-    prefill, prefill_source = _window_prefill(calibrator)
-    decode, decode_source = _window_decode(calibrator)
+    config = calibrator.config
+    share = _one_host_share(calibrator, agents)
+    samples = Samples(
+        prefill=list(share.prefill if share else calibrator.prefill),
+        decode=list(share.decode if share else calibrator.decode),
+        min_prefill=config.min_prefill_points,
+        min_decode=config.min_decode_points,
+    )
+    prefill, prefill_source = _window_prefill(samples, believed.prefill)
+    decode, decode_source = _window_decode(samples, believed.decode)
     # Rows of one cached length each, over new tokens (how MeasuredTiming interpolates):
     # every row holds the same new-token grid, so no row is a lone point.
-    largest_input = max((s.input_tokens for s in calibrator.prefill), default=4096)
+    largest_input = max((s.input_tokens for s in samples.prefill), default=4096)
     grid = sorted({max(1, round(largest_input * 2 * 0.5**k)) for k in range(10)})
     prefill_points = [
         {"input_tokens": c + n, "cached_tokens": c, "seconds": prefill.time_s(c + n, c)}
         for c in [0, *grid]
         for n in grid
     ]
-    measured_steps = _steps_by_batch(calibrator)
+    measured_steps = _steps_by_batch(samples.decode)
     decode_points = [
         {"batch_size": b, "context_tokens": context, "seconds": seconds}
         for b, steps in measured_steps.items()
@@ -58,7 +72,7 @@ def live_profile(
     prefill_agents = [a for a in agents if a.role == "prefill"] or list(agents)
     decode_agents = [a for a in agents if a.role == "decode"] or list(agents)
     link = believed.link
-    return {
+    profile = {
         "format": PROFILE_FORMAT,
         "name": name,
         "kv_bytes_per_token": believed.kv_bytes_per_token,
@@ -73,7 +87,7 @@ def live_profile(
         "prefill_points": prefill_points,
         "decode_points": decode_points,
         "serving": _serving(calibrator),
-        "spread": _spread(calibrator, prefill, measured_steps),
+        "spread": _spread(calibrator, samples, prefill, measured_steps),
         "believed": believed.to_profile(),
         "measured_from": {
             "prefill": prefill_source,
@@ -83,21 +97,49 @@ def live_profile(
             "num_serving_samples": len(calibrator.serving),
         },
     }
+    if share is not None:
+        profile["host"] = {
+            "cores": share.cores,
+            "mean_busy_agents": round(share.mean_busy_agents, 3),
+        }
+    return profile
 
 
-def _window_prefill(calibrator: Calibrator) -> tuple[PrefillFit, str]:
-    samples = calibrator.prefill
-    if len(samples) < calibrator.config.min_prefill_points:
-        return calibrator.cost.prefill, "believed model (too few measurements)"
-    points = [(s.input_tokens, s.cached_tokens, s.seconds) for s in samples]
+@dataclass(frozen=True, slots=True)
+class Samples:
+    """The window's measurements the profile is built from (at solo times on one host)."""
+
+    prefill: list[PrefillSample]
+    decode: list[DecodeStepSample]
+    min_prefill: int
+    min_decode: int
+
+
+def _one_host_share(calibrator: Calibrator, agents: Sequence[Join]) -> HostShare | None:
+    """Host sharing when every agent's control address names the same host (loopback or
+    one address); agents across hosts do not slow each other, and are not modelled so."""
+    hosts = {join.control_address.rpartition(":")[0] for join in agents}
+    if len(hosts) != 1:
+        return None
+    return host_share(
+        list(calibrator.prefill),
+        list(calibrator.decode),
+        num_agents=len(agents),
+        min_prefill_points=calibrator.config.min_prefill_points,
+    )
+
+
+def _window_prefill(samples: Samples, believed: PrefillFit) -> tuple[PrefillFit, str]:
+    if len(samples.prefill) < samples.min_prefill:
+        return believed, "believed model (too few measurements)"
+    points = [(s.input_tokens, s.cached_tokens, s.seconds) for s in samples.prefill]
     return fit_prefill(points, robust=True), "window fit"
 
 
-def _window_decode(calibrator: Calibrator) -> tuple[DecodeFit, str]:
-    samples = calibrator.decode
-    if len(samples) < calibrator.config.min_decode_points:
-        return calibrator.cost.decode, "believed model (too few measurements)"
-    points = [(s.batch_size, s.context_tokens, s.seconds) for s in samples]
+def _window_decode(samples: Samples, believed: DecodeFit) -> tuple[DecodeFit, str]:
+    if len(samples.decode) < samples.min_decode:
+        return believed, "believed model (too few measurements)"
+    points = [(s.batch_size, s.context_tokens, s.seconds) for s in samples.decode]
     return fit_decode(points, robust=True), "window fit"
 
 
@@ -110,10 +152,10 @@ def _serving(calibrator: Calibrator) -> dict[str, float]:
     }
 
 
-def _steps_by_batch(calibrator: Calibrator) -> dict[int, list[tuple[int, float]]]:
+def _steps_by_batch(samples: Sequence[DecodeStepSample]) -> dict[int, list[tuple[int, float]]]:
     """(context tokens, seconds) of the measured steps of every batch size seen often."""
     steps: dict[int, list[tuple[int, float]]] = {}
-    for sample in calibrator.decode:
+    for sample in samples:
         steps.setdefault(sample.batch_size, []).append((sample.context_tokens, sample.seconds))
     return {b: v for b, v in sorted(steps.items()) if len(v) >= MIN_STEPS_PER_BATCH}
 
@@ -127,15 +169,18 @@ def _row(steps: list[tuple[int, float]], per_context_token_s: float) -> list[tup
 
 
 def _spread(
-    calibrator: Calibrator, prefill: PrefillFit, steps: dict[int, list[tuple[int, float]]]
+    calibrator: Calibrator,
+    samples: Samples,
+    prefill: PrefillFit,
+    steps: dict[int, list[tuple[int, float]]],
 ) -> dict[str, list[float]]:
     """Quantiles of the measured variation (see the module docstring); parts with too few
     measurements are left out (the twin then runs them at their central times)."""
     spread: dict[str, list[float]] = {}
-    if len(calibrator.prefill) >= calibrator.config.min_prefill_points:
+    if len(samples.prefill) >= samples.min_prefill:
         factors = [
             s.seconds / central
-            for s in calibrator.prefill
+            for s in samples.prefill
             if (central := prefill.time_s(s.input_tokens, s.cached_tokens)) > 0
         ]
         spread["prefill_factor"] = _quantiles(factors)

@@ -202,6 +202,7 @@ class Calibrator:
         cost = cost or self.cost
         prefill = [
             {
+                "time_s": s.time_s,
                 "input_tokens": s.input_tokens,
                 "cached_tokens": s.cached_tokens,
                 "measured_s": s.seconds,
@@ -211,6 +212,7 @@ class Calibrator:
         ]
         decode = [
             {
+                "time_s": s.time_s,
                 "batch_size": s.batch_size,
                 "context_tokens": s.context_tokens,
                 "measured_s": s.seconds,

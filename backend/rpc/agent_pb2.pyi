@@ -378,28 +378,32 @@ class JoinReply(_message.Message):
     def __init__(self, accepted: _Optional[bool] = ..., heartbeat_interval_s: _Optional[float] = ..., message: _Optional[str] = ...) -> None: ...
 
 class PrefillSample(_message.Message):
-    __slots__ = ("input_tokens", "cached_tokens", "fetched_tokens", "seconds", "queue_s")
+    __slots__ = ("input_tokens", "cached_tokens", "fetched_tokens", "seconds", "queue_s", "age_s")
     INPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     FETCHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     SECONDS_FIELD_NUMBER: _ClassVar[int]
     QUEUE_S_FIELD_NUMBER: _ClassVar[int]
+    AGE_S_FIELD_NUMBER: _ClassVar[int]
     input_tokens: int
     cached_tokens: int
     fetched_tokens: int
     seconds: float
     queue_s: float
-    def __init__(self, input_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., fetched_tokens: _Optional[int] = ..., seconds: _Optional[float] = ..., queue_s: _Optional[float] = ...) -> None: ...
+    age_s: float
+    def __init__(self, input_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., fetched_tokens: _Optional[int] = ..., seconds: _Optional[float] = ..., queue_s: _Optional[float] = ..., age_s: _Optional[float] = ...) -> None: ...
 
 class DecodeStepSample(_message.Message):
-    __slots__ = ("batch_size", "context_tokens", "seconds")
+    __slots__ = ("batch_size", "context_tokens", "seconds", "age_s")
     BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     SECONDS_FIELD_NUMBER: _ClassVar[int]
+    AGE_S_FIELD_NUMBER: _ClassVar[int]
     batch_size: int
     context_tokens: int
     seconds: float
-    def __init__(self, batch_size: _Optional[int] = ..., context_tokens: _Optional[int] = ..., seconds: _Optional[float] = ...) -> None: ...
+    age_s: float
+    def __init__(self, batch_size: _Optional[int] = ..., context_tokens: _Optional[int] = ..., seconds: _Optional[float] = ..., age_s: _Optional[float] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("instance_id", "sequence", "now_s", "role", "draining", "prefill", "decode", "memory", "events", "first_event_index", "num_dropped_events", "final", "prefill_samples", "decode_steps")

@@ -292,12 +292,16 @@ def heartbeat_to_proto(heartbeat: Heartbeat) -> pb.HeartbeatRequest:
                 fetched_tokens=s.fetched_tokens,
                 seconds=s.seconds,
                 queue_s=s.queue_s,
+                age_s=max(0.0, heartbeat.now_s - s.time_s),
             )
             for s in heartbeat.prefill_samples
         ],
         decode_steps=[
             pb.DecodeStepSample(
-                batch_size=s.batch_size, context_tokens=s.context_tokens, seconds=s.seconds
+                batch_size=s.batch_size,
+                context_tokens=s.context_tokens,
+                seconds=s.seconds,
+                age_s=max(0.0, heartbeat.now_s - s.time_s),
             )
             for s in heartbeat.decode_steps
         ],
@@ -319,10 +323,10 @@ def heartbeat_from_proto(message: pb.HeartbeatRequest) -> Heartbeat:
         first_event_index=message.first_event_index,
         num_dropped_events=message.num_dropped_events,
         is_final=message.final,
-        # Stamped on arrival by the Conductor's clock (the agent's may differ).
+        # When each ended by the heartbeat's clock; the Conductor moves them onto its own.
         prefill_samples=tuple(
             PrefillSample(
-                time_s=message.now_s,
+                time_s=message.now_s - s.age_s,
                 input_tokens=s.input_tokens,
                 cached_tokens=s.cached_tokens,
                 seconds=s.seconds,
@@ -332,7 +336,7 @@ def heartbeat_from_proto(message: pb.HeartbeatRequest) -> Heartbeat:
             for s in message.prefill_samples
         ),
         decode_steps=tuple(
-            DecodeStepSample(message.now_s, s.batch_size, s.context_tokens, s.seconds)
+            DecodeStepSample(message.now_s - s.age_s, s.batch_size, s.context_tokens, s.seconds)
             for s in message.decode_steps
         ),
     )

@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import itertools
 import logging
+import math
 import threading
 import time
 from collections import deque
@@ -75,6 +76,9 @@ class AgentInfo:
     channel: grpc.Channel
     stub: pb_grpc.AgentStub
     load: AgentLoad = field(default_factory=AgentLoad)
+    # Our clock minus the agent's, as the least gap seen between a heartbeat's stamp and its
+    # arrival (its delivery delay varies, by up to 0.1 s on a busy Conductor).
+    clock_offset_s: float = math.inf
     draining: bool = False  # takes no new work (a role switch is under way)
 
 
@@ -312,22 +316,28 @@ class ConductorRuntime(EffectHandler):
             for event in heartbeat.events:
                 effects.extend(self.core.handle(dataclasses.replace(event, now_s=now_s)))
             after = self._apply(effects)
-            after.extend(self._measured(heartbeat, now_s))
+            info.clock_offset_s = min(info.clock_offset_s, now_s - heartbeat.now_s)
+            after.extend(self._measured(heartbeat, now_s, info.clock_offset_s))
         self._after(after)
         if heartbeat.is_final:
             self.leave(heartbeat.instance_id, "stopped")
         return True
 
-    def _measured(self, heartbeat: Heartbeat, now_s: float) -> list[Callable[[], None]]:
+    def _measured(
+        self, heartbeat: Heartbeat, now_s: float, clock_offset_s: float
+    ) -> list[Callable[[], None]]:
         """Take the agent's measurements into the calibration window; refit when due (lock
         held: the core believes the new model from the next event on). Returns the saving
         of the new state, to do after the lock."""
         calibrator = self.calibrator
+        # Onto our clock: when each ended matters (host sharing reads how they overlapped).
         calibrator.add_prefill(
-            dataclasses.replace(sample, time_s=now_s) for sample in heartbeat.prefill_samples
+            dataclasses.replace(sample, time_s=min(now_s, sample.time_s + clock_offset_s))
+            for sample in heartbeat.prefill_samples
         )
         calibrator.add_decode(
-            dataclasses.replace(sample, time_s=now_s) for sample in heartbeat.decode_steps
+            dataclasses.replace(sample, time_s=min(now_s, sample.time_s + clock_offset_s))
+            for sample in heartbeat.decode_steps
         )
         if not (self.calibrate and calibrator.is_due(now_s)):
             return []

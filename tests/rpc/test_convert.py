@@ -2,6 +2,7 @@
 
 import pytest
 
+from backend.policy.calibration import DecodeStepSample, PrefillSample
 from backend.policy.effects import CachePlan, DispatchPrefill, FetchSpan
 from backend.policy.events import KvDemoted, KvEvicted, KvStored
 from backend.policy.index import Tier
@@ -90,3 +91,15 @@ def test_joins_and_heartbeats_round_trip() -> None:
         heartbeat_from_proto(pb.HeartbeatRequest(role=pb.DECODE))
     with pytest.raises(ValueError, match="role"):
         join_from_proto(pb.JoinRequest(instance_id="p1"))
+
+
+def test_measurements_keep_when_they_ended_across_the_wire() -> None:
+    """Each sample says how long before its heartbeat it ended, so the Conductor sees how
+    the agents' work overlapped (host sharing reads it), not every sample at one instant."""
+    prefill = (PrefillSample(99.25, 300, 64, 0.5, 0.125, 16), PrefillSample(99.75, 10, 0, 0.25))
+    steps = (DecodeStepSample(99.5, 3, 900, 0.0625), DecodeStepSample(99.875, 2, 600, 0.03125))
+    beat = Heartbeat(
+        100.0, "p1", 1, "prefill", False, AgentLoad(), prefill_samples=prefill, decode_steps=steps
+    )
+    wire = pb.HeartbeatRequest.FromString(heartbeat_to_proto(beat).SerializeToString())
+    assert heartbeat_from_proto(wire) == beat

@@ -1,0 +1,136 @@
+"""Agents sharing one host: how much they slowed each other, and the solo times beneath.
+
+On one machine the agents' compute threads share its cores (with the Conductor and the
+clients beside them). Measured on a two-core machine with three agents, a 211-token prefill
+took 25 ms alone and 50-180 ms in a replay: the times the calibration window holds are
+mostly the crowding, and how crowded a window is depends on its load and on the P:D
+split, which is what a what-if changes.
+
+The model is processor sharing: while n agents compute at once, each progresses at
+min(1, cores / n), `cores` being what the agents get of the host's CPUs. From the
+measurements' own intervals (every prefill and every decode step ends at its `time_s`
+and lasts its `seconds`) this module counts how many agents computed at every moment,
+picks the `cores` under which the measurements, scaled back to solo times, agree best
+with one model (the least spread of their residuals), and returns those solo times. The
+twin then runs the solo times and slows them by the same rule with its own count of busy
+agents (twin/host.py), so a change that crowds the host more is predicted to run slower.
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from backend.policy.calibration import DecodeStepSample, PrefillSample
+from backend.policy.cost_model import fit_prefill
+
+CORES_STEP = 0.05
+MIN_CORES = 0.5
+MAX_OVERFULL_SHARE = 0.1
+# How much less spread (relative, and absolute in log units) fewer cores must give.
+MIN_IMPROVEMENT = 0.005
+MIN_IMPROVEMENT_ABS = 0.001
+
+
+@dataclass(frozen=True, slots=True)
+class HostShare:
+    """What the window says about the shared host: the cores the agents got, how crowded
+    the window was (mean busy agents while any computed), and every sample at its solo time."""
+
+    cores: float
+    mean_busy_agents: float
+    prefill: tuple[PrefillSample, ...]
+    decode: tuple[DecodeStepSample, ...]
+
+
+def _intervals(samples: Sequence[PrefillSample | DecodeStepSample]) -> np.ndarray:
+    ends = np.array([s.time_s for s in samples], dtype=float)
+    seconds = np.maximum(np.array([s.seconds for s in samples], dtype=float), 0.0)
+    return np.stack([ends - seconds, ends], axis=1)
+
+
+class _BusyAgents:
+    """n(t), the number of measured intervals covering t: piecewise constant between the
+    sorted interval ends; `solo_s` integrates min(1, cores / n(t)) over each interval."""
+
+    def __init__(self, intervals: np.ndarray) -> None:
+        self.edges = np.unique(intervals.ravel())
+        starts = np.searchsorted(self.edges, intervals[:, 0])
+        ends = np.searchsorted(self.edges, intervals[:, 1])
+        change = np.zeros(len(self.edges) + 1)
+        np.add.at(change, starts, 1)
+        np.add.at(change, ends, -1)
+        self.count = np.cumsum(change)[:-1]  # on [edges[k], edges[k+1])
+        self.widths = np.diff(self.edges)
+        self._starts, self._ends = starts, ends
+
+    def solo_s(self, cores: float) -> np.ndarray:
+        counts = self.count[:-1]
+        rate = np.where(counts > 0, np.minimum(1.0, cores / np.maximum(counts, 1)), 1.0)
+        progress = np.concatenate([[0.0], np.cumsum(rate * self.widths)])
+        return progress[self._ends] - progress[self._starts]
+
+    def overfull_share(self, num_agents: int) -> float:
+        """The share of busy time with more work at once than agents (clock jitter, or
+        samples without their own end times)."""
+        counts = self.count[:-1]
+        busy = float(np.sum(self.widths[counts > 0]))
+        return float(np.sum(self.widths[counts > num_agents])) / busy if busy > 0 else 0.0
+
+    def mean_busy(self) -> float:
+        counts = self.count[:-1]
+        busy = counts > 0
+        total = float(np.sum(self.widths[busy]))
+        return float(np.sum(counts[busy] * self.widths[busy]) / total) if total > 0 else 0.0
+
+
+def host_share(
+    prefill: Sequence[PrefillSample],
+    decode: Sequence[DecodeStepSample],
+    *,
+    num_agents: int,
+    min_prefill_points: int,
+) -> HostShare | None:
+    """The window's measurements at their solo times (see the module docstring), or None
+    when there are too few prefills to judge, fewer than two agents to crowd, or times that
+    cannot be right (more work at once than agents: samples without their own end times)."""
+    if num_agents < 2 or len(prefill) < min_prefill_points:
+        return None
+    samples = [*prefill, *decode]
+    busy = _BusyAgents(_intervals(samples))
+    if busy.overfull_share(num_agents) > MAX_OVERFULL_SHARE:
+        return None
+    inputs = np.array([s.input_tokens for s in prefill], dtype=float)
+    cached = np.array([s.cached_tokens for s in prefill], dtype=float)
+    # From as many cores as agents (no crowding) down: below one core per busy agent the
+    # fits differ only in scale, so fewer cores must explain the spread better to be taken.
+    best_cores = float(num_agents)
+    best_spread = _log_residual_spread(inputs, cached, busy.solo_s(best_cores)[: len(prefill)])
+    for cores in np.arange(num_agents - CORES_STEP, MIN_CORES - CORES_STEP / 2, -CORES_STEP):
+        solo = busy.solo_s(float(cores))[: len(prefill)]
+        spread = _log_residual_spread(inputs, cached, solo)
+        if spread < best_spread - max(best_spread * MIN_IMPROVEMENT, MIN_IMPROVEMENT_ABS):
+            best_cores, best_spread = float(cores), spread
+    solo = busy.solo_s(best_cores)
+    return HostShare(
+        cores=round(best_cores, 2),
+        mean_busy_agents=busy.mean_busy(),
+        prefill=tuple(
+            replace(s, seconds=float(t)) for s, t in zip(prefill, solo[: len(prefill)], strict=True)
+        ),
+        decode=tuple(
+            replace(s, seconds=float(t)) for s, t in zip(decode, solo[len(prefill) :], strict=True)
+        ),
+    )
+
+
+def _log_residual_spread(inputs: np.ndarray, cached: np.ndarray, seconds: np.ndarray) -> float:
+    """Mean absolute deviation of log(measured / fitted) from its median, under a robust
+    prefill fit (a median deviation would ignore a crowded minority of the samples)."""
+    fit = fit_prefill(zip(inputs, cached, seconds, strict=True), robust=True)
+    central = np.array([fit.time_s(int(i), int(c)) for i, c in zip(inputs, cached, strict=True)])
+    valid = (central > 0) & (seconds > 0)
+    if valid.sum() < 3:
+        return np.inf
+    logs = np.log(seconds[valid] / central[valid])
+    return float(np.mean(np.abs(logs - np.median(logs))))

@@ -1,0 +1,69 @@
+"""SharedHost: instances crowding one host's cores by processor sharing."""
+
+import pytest
+import simpy
+
+from twin.decode import DecodeInstance, DecodeJob
+from twin.host import SharedHost
+from twin.timing import load_timing
+
+
+def _finish_times(cores: float, jobs: list[tuple[float, float]]) -> list[float]:
+    """When each (start_s, solo_s) job ends on a host of `cores`."""
+    env = simpy.Environment()
+    host = SharedHost(env, cores)
+    ends = [0.0] * len(jobs)
+
+    def job(index: int, start_s: float, solo_s: float):
+        yield env.timeout(start_s)
+        yield from host.run(solo_s)
+        ends[index] = env.now
+
+    for index, (start_s, solo_s) in enumerate(jobs):
+        env.process(job(index, start_s, solo_s))
+    env.run()
+    return ends
+
+
+def test_jobs_share_the_cores_and_speed_up_when_one_leaves() -> None:
+    # One core: two 1 s jobs together end at 2 s; 1 s and 2 s: the short one at 2 s, then
+    # the long one alone for its last second, at 3 s.
+    assert _finish_times(1.0, [(0.0, 1.0), (0.0, 1.0)]) == pytest.approx([2.0, 2.0])
+    assert _finish_times(1.0, [(0.0, 1.0), (0.0, 2.0)]) == pytest.approx([2.0, 3.0])
+    # A job arriving half-way: both at half speed until the first ends (1.5 s), then the
+    # second alone for its last half second.
+    assert _finish_times(1.0, [(0.0, 1.0), (0.5, 1.0)]) == pytest.approx([1.5, 2.0])
+    # As many cores as jobs: nobody waits.
+    assert _finish_times(2.0, [(0.0, 1.0), (0.0, 1.0)]) == pytest.approx([1.0, 1.0])
+    # 1.5 cores for three jobs: each at half speed.
+    assert _finish_times(1.5, [(0.0, 1.0)] * 3) == pytest.approx([2.0] * 3)
+    with pytest.raises(ValueError, match="cores > 0"):
+        SharedHost(simpy.Environment(), 0.0)
+
+
+def test_a_decode_batch_steps_slower_while_a_prefill_computes_beside_it() -> None:
+    env = simpy.Environment()
+    host = SharedHost(env, 1.0)
+    timing = load_timing("paper")
+    finished = {}
+    decode = DecodeInstance(
+        env, "d", timing, 10**9,
+        on_start=lambda job, now_s: None,
+        on_finish=lambda job, now_s, mean_s, max_s: finished.setdefault(job.request_id, now_s),
+        host=host,
+    )  # fmt: skip
+    step_s = timing.decode_step_s(1, 1000)
+    decode.admit(DecodeJob("a", 1000, 100))
+    assert host.num_busy == 1
+
+    def prefill():  # computes for as long as 20 solo steps, from step 10 on
+        yield env.timeout(10 * step_s)
+        yield from host.run(20 * step_s)
+
+    env.process(prefill())
+    env.run()
+    # Beside the prefill both ran at half speed: its 20 steps' worth of work took 40 steps'
+    # time, holding 20 decode steps, so the last token comes 20 steps late (re-timed steps
+    # see the context grown by then: a hair apart).
+    assert finished["a"] == pytest.approx(120 * step_s, rel=1e-3)
+    assert host.num_busy == 0
