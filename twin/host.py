@@ -3,9 +3,9 @@
 A live profile of agents that shared one host carries their solo times and the cores they
 got (`host.cores`, backend/observe/host_share.py). The twin slows them by the same rule:
 while n instances compute at once, each progresses at min(1, cores / n). A prefill counts
-while it computes; a decode instance while its batch is not empty. Every change of n
-wakes the prefills in progress (they recompute when they will end) and tells the decode
-instances, which re-time their current step.
+while it computes; a decode instance while its batch is not empty. Every change of that
+rate wakes the prefills in progress (they recompute when they will end) and tells the
+decode instances, which re-time their current step.
 """
 
 from collections.abc import Callable, Generator
@@ -37,13 +37,15 @@ class SharedHost:
         self._listeners[owner] = callback
 
     def enter(self, owner: object = None) -> None:
+        rate = self.rate
         self.num_busy += 1
-        self._notify(owner)
+        self._notify_if_changed(rate, owner)
 
     def leave(self, owner: object = None) -> None:
         assert self.num_busy > 0
+        rate = self.rate
         self.num_busy -= 1
-        self._notify(owner)
+        self._notify_if_changed(rate, owner)
 
     def run(self, solo_s: float) -> Generator[Any, Any, None]:
         """Compute `solo_s` seconds of solo work, slowed while the host is crowded."""
@@ -61,7 +63,11 @@ class SharedHost:
         finally:
             self.leave()
 
-    def _notify(self, source: object) -> None:
+    def _notify_if_changed(self, rate_before: float, source: object) -> None:
+        """Wake the prefills in progress and re-time the decode batches, unless the rate
+        stayed (fewer busy instances than cores)."""
+        if self.rate == rate_before:
+            return
         changed, self._changed = self._changed, self.env.event()
         changed.succeed()
         for owner, callback in self._listeners.items():

@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from backend.policy.calibration import DecodeStepSample, PrefillSample
-from backend.policy.cost_model import fit_prefill
+from backend.policy.cost_model import fit_prefill, prefill_columns
 
 CORES_STEP = 0.05
 MIN_CORES = 0.5
@@ -128,7 +128,8 @@ def _log_residual_spread(inputs: np.ndarray, cached: np.ndarray, seconds: np.nda
     """Mean absolute deviation of log(measured / fitted) from its median, under a robust
     prefill fit (a median deviation would ignore a crowded minority of the samples)."""
     fit = fit_prefill(zip(inputs, cached, seconds, strict=True), robust=True)
-    central = np.array([fit.time_s(int(i), int(c)) for i, c in zip(inputs, cached, strict=True)])
+    ones, new, pairs = prefill_columns(inputs, cached)
+    central = fit.fixed_s * ones + fit.per_token_s * new + fit.per_token_pair_s * pairs
     valid = (central > 0) & (seconds > 0)
     if valid.sum() < 3:
         return np.inf

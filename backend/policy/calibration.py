@@ -227,6 +227,18 @@ class Calibrator:
             "decode_median_rel_err": _median_rel_err(decode),
         }
 
+    def snapshot(self) -> "Calibrator":
+        """A copy of the model and the window as they are now, to read without the lock
+        that guards this one (the live profile's fits take a tenth of a second)."""
+        copy = Calibrator(self.base, self.config)
+        copy.cost = self.cost
+        copy.prefill.extend(self.prefill)
+        copy.decode.extend(self.decode)
+        copy.serving.extend(self.serving)
+        copy.last_refit_s, copy.num_refits = self.last_refit_s, self.num_refits
+        copy.last_refit = self.last_refit
+        return copy
+
     def to_state(self, max_samples: int = 1024) -> dict[str, Any]:
         """JSON-ready model and the newest `max_samples` of each kind of the window, so a
         restarted Conductor resumes where it was (saved after each refit: kept small)."""

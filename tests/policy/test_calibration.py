@@ -108,3 +108,17 @@ def test_its_state_survives_a_restart_and_bad_state_changes_nothing() -> None:
     with pytest.raises(ValueError, match="malformed"):
         restarted.restore({"cost": BASE.to_profile(), "prefill": [{"nope": 1}]})
     assert restarted.cost == calibrator.cost
+
+
+def test_a_snapshot_keeps_the_window_and_model_of_its_moment() -> None:
+    calibrator = Calibrator(BASE, FREE)
+    prefill, decode = measured(60)
+    calibrator.add_prefill(prefill)
+    calibrator.add_decode(decode)
+    calibrator.refit(1.0)
+    snapshot = calibrator.snapshot()
+    calibrator.add_prefill(prefill)
+    calibrator.refit(2.0)
+    assert len(snapshot.prefill) == 60 and len(snapshot.decode) == len(decode)
+    assert snapshot.num_refits == 1 and calibrator.num_refits == 2
+    assert snapshot.config == calibrator.config and snapshot.base == BASE

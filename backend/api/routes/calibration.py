@@ -29,7 +29,8 @@ def read_calibration(
     with runtime.locked():
         refit = calibrator.last_refit
         residuals = calibrator.residuals()
-        profile = live_profile(calibrator, [agent.join for agent in runtime.agents_locked()])
+        window = calibrator.snapshot()
+        joins = [agent.join for agent in runtime.agents_locked()]
         view: dict[str, Any] = {
             "enabled": runtime.calibrate,
             "status": "calibrated"
@@ -52,6 +53,7 @@ def read_calibration(
             "decode_median_rel_err": residuals["decode_median_rel_err"],
             "prefill": residuals["prefill"][-max_points:] if max_points else [],
             "decode": residuals["decode"][-max_points:] if max_points else [],
-            "profile": profile,
         }
+    # The profile's fits read the snapshot, so requests are not held up behind them.
+    view["profile"] = live_profile(window, joins)
     return view
