@@ -153,38 +153,46 @@ def predicted_mean_ratio(
     and not yet finished, each with the KV it will hold by then (its prompt plus the tokens
     generated so far at its forecast pace), and this request on `chosen_instance_id`.
     """
-    step_s = cost.decode.step_s
+    fit = cost.decode
+    fixed_s, per_request_s, per_context_s = fit.fixed_s, fit.per_request_s, fit.per_context_token_s
     total = 0.0
     count = 0
-    # On every admission: the per-request growth is written out here rather than called
-    # (DecodingRequest.context_at / IncomingRequest.context_at say the same).
+    # On every admission, over every request of every decode instance: the step-time form
+    # and the per-request growth are written out here rather than called (DecodeFit.step_s,
+    # DecodingRequest.context_at and IncomingRequest.context_at say the same).
     for state in states:
         batch = 0
         context = 0.0
         for running in state.decoding.values():
-            left_s = running.started_s + running.expected_s - at_s
+            expected_s = running.expected_s
+            left_s = running.started_s + expected_s - at_s
             if left_s > 0:
                 batch += 1
                 grown = running.context_tokens
-                if running.expected_tokens and left_s < running.expected_s:
-                    done = 1.0 - left_s / running.expected_s
-                    grown = max(grown, running.prompt_tokens + running.expected_tokens * done)
+                if running.expected_tokens and left_s < expected_s:
+                    paced = running.prompt_tokens + running.expected_tokens * (
+                        1.0 - left_s / expected_s
+                    )
+                    if paced > grown:
+                        grown = paced
                 context += grown
         for incoming in state.incoming.values():
             since_s = at_s - incoming.ready_s
             if 0 <= since_s < incoming.expected_s:
                 batch += 1
-                context += incoming.context_tokens + (
-                    incoming.expected_tokens * since_s / incoming.expected_s
-                    if incoming.expected_tokens
-                    else 0
-                )
+                context += incoming.context_tokens
+                if incoming.expected_tokens:
+                    context += incoming.expected_tokens * since_s / incoming.expected_s
         if state.instance_id == chosen_instance_id:
             batch += 1
             context += context_tokens
-        load = step_s(batch, round(context)) / tbt_slo_s
-        if state.kv_capacity_tokens:
-            load = max(load, context / state.kv_capacity_tokens)
+        load = 0.0
+        if batch > 0:
+            step = fixed_s + per_request_s * batch + per_context_s * round(context)
+            load = step / tbt_slo_s
+        capacity = state.kv_capacity_tokens
+        if capacity and context / capacity > load:
+            load = context / capacity
         total += load
         count += 1
     return total / count if count else 0.0
