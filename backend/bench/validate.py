@@ -16,6 +16,7 @@ import json
 import math
 import os
 import secrets
+import statistics
 import tempfile
 import time
 import urllib.parse
@@ -64,6 +65,13 @@ class ValidateSettings:
     ttft_slo_s: float
     tbt_slo_s: float
     profile: str = "tiny-cpu"
+    # Live runs per config: one run's figures move between runs of the same config (at
+    # speed 8 here TTFT p50 1.26 s and 1.94 s), so metrics compare medians over repeats.
+    repeats: int = 1
+
+    def __post_init__(self) -> None:
+        if self.repeats < 1:
+            raise ValueError(f"--repeats must be at least 1, got {self.repeats}")
 
 
 def parse_changes(text: str) -> list[dict[str, Any]]:
@@ -328,11 +336,34 @@ def _rows(text: str, block_size: int, work_dir: Path) -> list[TraceRow]:
 # -- comparing ---------------------------------------------------------------------------------
 def compare_metrics(live: Mapping[str, Any], twin: Mapping[str, Any]) -> dict[str, Any]:
     """{metric: {"live": x, "twin": y, "rel_err": (y - x) / |x|}} (rel_err None when x is 0)."""
+    return compare_runs([live], [twin])
+
+
+def compare_runs(
+    lives: Sequence[Mapping[str, Any]], twins: Sequence[Mapping[str, Any]]
+) -> dict[str, Any]:
+    """compare_metrics over repeated runs of one config: `live` and `twin` are the medians
+    of the runs' figures; with more than one run, `live_runs` and `twin_runs` list them all
+    and `within_live_spread` says whether the twin's median lies within live's runs."""
     compared = {}
     for name in FIDELITY_METRICS:
-        x, y = live.get(name), twin.get(name)
+        live_runs = [report.get(name) for report in lives]
+        twin_runs = [report.get(name) for report in twins]
+        x, y = _median(live_runs), _median(twin_runs)
         compared[name] = {"live": x, "twin": y, "rel_err": relative_error(x, y)}
+        if len(lives) > 1:
+            known = [v for v in live_runs if v is not None]
+            compared[name].update(
+                live_runs=live_runs,
+                twin_runs=twin_runs,
+                within_live_spread=bool(known) and y is not None and min(known) <= y <= max(known),
+            )
     return compared
+
+
+def _median(values: Sequence[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return float(statistics.median(known)) if known else None
 
 
 def kendall_tau(xs: Sequence[float | None], ys: Sequence[float | None]) -> float | None:
@@ -387,26 +418,34 @@ def validate(
         )
     configs = []
     raw = []
+    repeats = settings.repeats
     with tempfile.TemporaryDirectory(prefix="kvc-validate-") as folder:
         for index, change in enumerate(changes):
+            lives, twins = [], []
+            for run in range(repeats):
+                label = f"config {index + 1}/{len(changes)} {json.dumps(change)}"
+                if repeats > 1:
+                    label += f" run {run + 1}/{repeats}"
 
-            def status(text: str, i: int = index, shown: str = json.dumps(change)) -> None:
-                if on_status is not None:
-                    on_status(f"config {i + 1}/{len(changes)} {shown}: {text}", i)
+                def status(text: str, i: int = index * repeats + run, label: str = label) -> None:
+                    if on_status is not None:
+                        on_status(f"{label}: {text}", i)
 
-            work_dir = Path(folder) / f"config-{index}"
-            live = run_live(settings, change, work_dir, status)
-            status("predicting the window with the twin")
-            twin = predict(live, settings.block_size, work_dir)
-            if not live["report"].get("num_completed"):
-                raise ValueError(
-                    f"change {json.dumps(change)}: no request completed in the measured "
-                    "window live; nothing to compare (replay a longer window or slower)"
+                work_dir = Path(folder) / f"config-{index}" / f"run-{run}"
+                live = run_live(settings, change, work_dir, status)
+                status("predicting the window with the twin")
+                twin = predict(live, settings.block_size, work_dir)
+                if not live["report"].get("num_completed"):
+                    raise ValueError(
+                        f"change {json.dumps(change)}: no request completed in the measured "
+                        "window live; nothing to compare (replay a longer window or slower)"
+                    )
+                lives.append(live["report"])
+                twins.append(twin)
+                raw.append(
+                    {"change": dict(change), "index": index, "run": run, "live": live, "twin": twin}
                 )
-            configs.append(
-                {"change": dict(change), "metrics": compare_metrics(live["report"], twin)}
-            )
-            raw.append({"change": dict(change), "live": live, "twin": twin})
+            configs.append({"change": dict(change), "metrics": compare_runs(lives, twins)})
     result = {
         "settings": {
             **{k: v for k, v in dataclasses.asdict(settings).items() if k != "trace"},
@@ -433,9 +472,12 @@ def write_outputs(result: Mapping[str, Any], raw: Sequence[Mapping[str, Any]], o
 
     out.mkdir(parents=True, exist_ok=True)
     (out / "result.json").write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
-    for index, entry in enumerate(raw):
-        folder = out / f"config-{index}"
-        folder.mkdir(exist_ok=True)
+    repeats = max((entry["run"] for entry in raw), default=0) + 1
+    for entry in raw:  # config-I (one run each), or config-I/run-R with repeats
+        folder = out / f"config-{entry['index']}"
+        if repeats > 1:
+            folder = folder / f"run-{entry['run']}"
+        folder.mkdir(parents=True, exist_ok=True)
         (folder / "change.json").write_text(json.dumps(entry["change"]) + "\n")
         (folder / "live-report.json").write_text(json.dumps(entry["live"]["report"], indent=1))
         (folder / "twin-report.json").write_text(json.dumps(entry["twin"], indent=1, default=str))
@@ -446,4 +488,5 @@ def write_outputs(result: Mapping[str, Any], raw: Sequence[Mapping[str, Any]], o
         (folder / "calibration-after.json").write_text(
             json.dumps(entry["live"]["calibration_after"], indent=1)
         )
-    validate_figure(result, raw).write_html(out / "validate.html", include_plotlyjs="cdn")
+    first_runs = [entry for entry in raw if entry["run"] == 0]  # the CDFs: each config's first
+    validate_figure(result, first_runs).write_html(out / "validate.html", include_plotlyjs="cdn")

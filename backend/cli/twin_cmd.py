@@ -346,6 +346,14 @@ def validate_command(
         help="SLOs as kvcentric up sets them: 10x TTFT / 5x TBT of a lone request on the "
         "tiny-cpu profile, times this.",
     ),
+    repeats: str = typer.Option(
+        "1",
+        "--repeats",
+        metavar="N",
+        help="Live runs of each config (each with its own warm-up and twin prediction): "
+        "metrics compare the medians, and with N > 1 the JSON lists every run's figures and "
+        "whether the twin lies within live's spread.",
+    ),
     out: Path | None = typer.Option(
         None, "--out", help="Folder for result.json, the raw reports and validate.html."
     ),
@@ -377,9 +385,11 @@ def validate_command(
             num_decode=_integer("--decode", num_decode),
             ttft_slo_s=ttft_slo_s,
             tbt_slo_s=tbt_slo_s,
+            repeats=_integer("--repeats", repeats),
         )
+    num_runs = len(parsed) * settings.repeats
     with _progress(counts_runs=True) as progress:
-        task = progress.add_task("validate", total=len(parsed))
+        task = progress.add_task("validate", total=num_runs)
         quiet = progress.disable
 
         def on_status(text: str, index: int) -> None:
@@ -391,7 +401,7 @@ def validate_command(
             result = validate(settings, parsed, out=out, on_status=on_status)
         except (ValueError, RuntimeError) as error:
             _fail(str(error))
-        progress.update(task, completed=len(parsed), refresh=True)
+        progress.update(task, completed=num_runs, refresh=True)
     if as_json:
         typer.echo(json.dumps(result))
         return

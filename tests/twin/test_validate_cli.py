@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from backend.bench.validate import compare_runs
+
 KVCENTRIC = str(Path(sys.executable).parent / "kvcentric")
 
 
@@ -39,6 +41,28 @@ def test_a_malformed_change_is_a_clear_error_naming_it(changes, message) -> None
     result = run("--minutes", "0:1", "--changes", changes, timeout_s=60)
     assert result.returncode == 2
     assert result.stderr.startswith("error: ") and message in result.stderr, result.stderr
+
+
+def test_repeats_must_be_a_whole_number_of_at_least_one() -> None:
+    for repeats, message in (("0", "--repeats must be at least 1"), ("two", "whole number")):
+        result = run("--minutes", "0:1", "--repeats", repeats, timeout_s=60)
+        assert result.returncode == 2 and message in result.stderr, result.stderr
+
+
+def test_repeated_runs_compare_medians_and_say_whether_the_twin_is_within_live_spread() -> None:
+    lives = [{"ttft_p50_s": 1.2, "num_rejected": 60}, {"ttft_p50_s": 2.0, "num_rejected": 130},
+             {"ttft_p50_s": 1.6, "num_rejected": 90}]  # fmt: skip
+    twins = [{"ttft_p50_s": 1.7, "num_rejected": 200}, {"ttft_p50_s": 1.8, "num_rejected": 210},
+             {"ttft_p50_s": 1.75, "num_rejected": 190}]  # fmt: skip
+    metrics = compare_runs(lives, twins)
+    ttft = metrics["ttft_p50_s"]
+    assert (ttft["live"], ttft["twin"]) == (1.6, 1.75)
+    assert ttft["rel_err"] == pytest.approx(0.15 / 1.6)
+    assert ttft["live_runs"] == [1.2, 2.0, 1.6] and ttft["within_live_spread"]
+    rejected = metrics["num_rejected"]
+    assert (rejected["live"], rejected["twin"]) == (90, 200) and not rejected["within_live_spread"]
+    # One run: the documented shape, nothing more.
+    assert set(compare_runs(lives[:1], twins[:1])["ttft_p50_s"]) == {"live", "twin", "rel_err"}
 
 
 def test_a_window_without_requests_is_a_clear_message(tmp_path) -> None:
