@@ -63,7 +63,7 @@ class TwinCluster(EffectHandler):
         self._all_done = self.env.event()
         # Instances of a live profile measured on one host crowd its cores as live did.
         cores = timing.host_cores
-        self.host = SharedHost(self.env, cores) if cores else None
+        self.host = SharedHost(self.env, cores) if cores is not None else None
         self.prefill = {
             f"prefill-{n:02d}": PrefillInstance(
                 self.env,

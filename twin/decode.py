@@ -128,7 +128,7 @@ class DecodeInstance:
                 host.leave(self)
         self.step_s = self.timing.decode_step_s(len(self.jobs), self.context_tokens)
         if host is not None:
-            self.step_s /= host.rate  # slowed while the host is crowded
+            self.step_s /= host.rate("decode")  # slowed while the host is crowded
         if self.jobs:
             # A live profile adds what streaming each token costs beyond the step.
             self.step_s += self.timing.serving.per_token_s

@@ -1,35 +1,55 @@
 """SharedHost: the twin's agents crowding one machine's cores, by processor sharing.
 
 A live profile of agents that shared one host carries their solo times and the cores they
-got (`host.cores`, backend/observe/host_share.py). The twin slows them by the same rule:
-while n instances compute at once, each progresses at min(1, cores / n). A prefill counts
-while it computes; a decode instance while its batch is not empty. Every change of that
+got (`host`, backend/observe/host_share.py): overall, and as each role saw them (measured
+on a 2-CPU host the decode loop kept three quarters of its CPU time beside two prefill
+agents that kept half of theirs). The twin slows them by the same rule: while n instances
+compute at once, a prefill progresses at min(1, prefill cores / n) and a decode step at
+min(1, decode cores / n). A prefill counts while it computes; a decode instance while its
+batch is not empty. Every change of that
 rate wakes the prefills in progress (they recompute when they will end) and tells the
 decode instances, which re-time their current step.
 """
 
 from collections.abc import Callable, Generator
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import simpy
+
+Role = Literal["prefill", "decode"]
+
+
+@dataclass(frozen=True, slots=True)
+class HostCores:
+    """The cores a prefill and a decode instance each behave as sharing (one host)."""
+
+    prefill: float
+    decode: float
+
+    def __post_init__(self) -> None:
+        for role in ("prefill", "decode"):
+            if not getattr(self, role) > 0:
+                raise ValueError(f"a host needs {role} cores > 0, got {getattr(self, role)}")
 
 
 class SharedHost:
     """Who computes on the host now, and how fast each of them goes."""
 
-    def __init__(self, env: simpy.Environment, cores: float) -> None:
-        if not cores > 0:
-            raise ValueError(f"a host needs cores > 0, got {cores}")
+    def __init__(self, env: simpy.Environment, cores: HostCores) -> None:
         self.env = env
         self.cores = cores
         self.num_busy = 0
         self._changed = env.event()
         self._listeners: dict[object, Callable[[], None]] = {}
 
-    @property
-    def rate(self) -> float:
-        """How fast each busy instance progresses (1 alone; less when crowded)."""
-        return min(1.0, self.cores / self.num_busy) if self.num_busy else 1.0
+    def rate(self, role: Role) -> float:
+        """How fast each busy instance of `role` progresses (1 alone; less when crowded)."""
+        cores = self.cores.prefill if role == "prefill" else self.cores.decode
+        return min(1.0, cores / self.num_busy) if self.num_busy else 1.0
+
+    def _rates(self) -> tuple[float, float]:
+        return self.rate("prefill"), self.rate("decode")
 
     def listen(self, owner: object, callback: Callable[[], None]) -> None:
         """Call `callback` after every change of the rate that `owner` did not make itself
@@ -37,24 +57,24 @@ class SharedHost:
         self._listeners[owner] = callback
 
     def enter(self, owner: object = None) -> None:
-        rate = self.rate
+        rates = self._rates()
         self.num_busy += 1
-        self._notify_if_changed(rate, owner)
+        self._notify_if_changed(rates, owner)
 
     def leave(self, owner: object = None) -> None:
         assert self.num_busy > 0
-        rate = self.rate
+        rates = self._rates()
         self.num_busy -= 1
-        self._notify_if_changed(rate, owner)
+        self._notify_if_changed(rates, owner)
 
     def run(self, solo_s: float) -> Generator[Any, Any, None]:
-        """Compute `solo_s` seconds of solo work, slowed while the host is crowded."""
+        """Compute `solo_s` seconds of a prefill's solo work, slowed while the host is crowded."""
         env = self.env
         self.enter()
         remaining_s = solo_s
         try:
             while True:
-                rate, started_s, changed = self.rate, env.now, self._changed
+                rate, started_s, changed = self.rate("prefill"), env.now, self._changed
                 timer = env.timeout(remaining_s / rate)
                 yield env.any_of([timer, changed])
                 if timer.processed:
@@ -63,10 +83,10 @@ class SharedHost:
         finally:
             self.leave()
 
-    def _notify_if_changed(self, rate_before: float, source: object) -> None:
-        """Wake the prefills in progress and re-time the decode batches, unless the rate
+    def _notify_if_changed(self, rates_before: tuple[float, float], source: object) -> None:
+        """Wake the prefills in progress and re-time the decode batches, unless the rates
         stayed (fewer busy instances than cores)."""
-        if self.rate == rate_before:
+        if self._rates() == rates_before:
             return
         changed, self._changed = self._changed, self.env.event()
         changed.succeed()

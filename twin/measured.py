@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from backend.policy.cost_model import ServingFit
+from twin.host import HostCores
 from twin.profile_fields import (
     InstanceCapacities,
     StorageSpeeds,
@@ -99,7 +100,7 @@ class MeasuredTiming:
         prefill_points: Iterable[PrefillPoint],
         decode_points: Iterable[DecodePoint],
         serving: ServingFit = ServingFit(),
-        host_cores: float | None = None,
+        host_cores: HostCores | None = None,
     ) -> None:
         self.name = name
         self.host_cores = host_cores
@@ -190,14 +191,19 @@ def _serving(data: Mapping[str, Any]) -> ServingFit:
     return serving
 
 
-def _host_cores(data: Mapping[str, Any]) -> float | None:
-    """The `host` section's cores (a live profile of agents on one host), else None."""
+def _host_cores(data: Mapping[str, Any]) -> HostCores | None:
+    """The `host` section's cores (a live profile of agents on one host), else None: each
+    role's own where the profile holds them, else `cores` for both."""
     section = data.get("host")
     if section is None:
         return None
     if not isinstance(section, Mapping):
         raise ValueError("'host' must be a JSON object")
-    return number(section, "cores", "host.")
+    cores = number(section, "cores", "host.")
+    return HostCores(
+        prefill=number(section, "prefill_cores", "host.") if "prefill_cores" in section else cores,
+        decode=number(section, "decode_cores", "host.") if "decode_cores" in section else cores,
+    )
 
 
 def _prefill_coordinates(input_tokens: int, cached_tokens: int) -> tuple[int, int]:

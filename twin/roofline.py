@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from backend.policy.cost_model import ServingFit
+from twin.host import HostCores
 from twin.profile_fields import (
     InstanceCapacities,
     StorageSpeeds,
@@ -113,7 +114,7 @@ class RooflineTiming:
         return ServingFit()
 
     @property
-    def host_cores(self) -> float | None:
+    def host_cores(self) -> HostCores | None:
         """An analytic model's instances each have their own machine."""
         return None
 

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 from backend.policy import CostModel, LinkModel
 from backend.policy.cost_model import PROFILE_FORMAT, ServingFit, fit_decode, fit_prefill
 from backend.settings.profiles import read_profile
+from twin.host import HostCores
 from twin.measured import MeasuredTiming
 from twin.profile_fields import InstanceCapacities
 from twin.roofline import RooflineTiming
@@ -40,7 +41,7 @@ class TimingModel(Protocol):
         ...
 
     @property
-    def host_cores(self) -> float | None:
+    def host_cores(self) -> HostCores | None:
         """Cores the instances share on one host (twin/host.py); None: each has its own."""
         ...
 

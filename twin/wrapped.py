@@ -4,6 +4,7 @@ live profile's measured spread) to override only what they change."""
 from typing import Any
 
 from backend.policy.cost_model import ServingFit
+from twin.host import HostCores
 from twin.profile_fields import InstanceCapacities
 
 
@@ -38,7 +39,7 @@ class WrappedTiming:
         return self.base.serving
 
     @property
-    def host_cores(self) -> float | None:
+    def host_cores(self) -> HostCores | None:
         return self.base.host_cores
 
     def prefill_s(self, input_tokens: int, cached_tokens: int) -> float:

@@ -73,11 +73,14 @@ class DecodeLoop:
                 if self._stopped:
                     return
                 batch_size, context_tokens = self.worker.batch_size, self.worker.context_tokens
-                started_s = time.perf_counter()
+                started_s, started_cpu_s = time.perf_counter(), time.thread_time()
                 self.worker.step()
                 self.last_step_s = time.perf_counter() - started_s
+                cpu_s = min(time.thread_time() - started_cpu_s, self.last_step_s)
                 self._steps.append(
-                    DecodeStepSample(time.time(), batch_size, context_tokens, self.last_step_s)
+                    DecodeStepSample(
+                        time.time(), batch_size, context_tokens, self.last_step_s, cpu_s
+                    )
                 )
 
     def _on_token(self, request_id: str, token: int) -> None:

@@ -183,7 +183,7 @@ class NodeAgent:
         return_logits: bool,
         queue_s: float,
     ) -> PrefillOutcome:
-        started_s = time.perf_counter()
+        started_s, started_cpu_s = time.perf_counter(), time.thread_time()
         now_s = time.time()
         prompt_keys = block_keys(tokens.astype(np.int32), self.block_size)
         prefix = prefixes.gather(
@@ -250,6 +250,8 @@ class NodeAgent:
                 "store_s": store_s,
                 "handoff_s": handoff_s,
                 "total_s": queue_s + time.perf_counter() - started_s,
+                # This thread does all of the work above (loads and stores run inline).
+                "cpu_s": time.thread_time() - started_cpu_s,
             },
             handed_off=bool(decode_address),
             logits=result.logits if return_logits else None,
@@ -265,6 +267,7 @@ class NodeAgent:
             seconds=timings["total_s"] - timings["queue_s"],
             queue_s=timings["queue_s"],
             fetched_tokens=outcome.num_fetched_tokens,
+            cpu_s=min(timings["cpu_s"], timings["total_s"] - timings["queue_s"]),
         )
         with self._state:
             self._prefill_samples.append(sample)

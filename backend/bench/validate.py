@@ -16,6 +16,7 @@ import json
 import math
 import os
 import secrets
+import shutil
 import statistics
 import tempfile
 import time
@@ -446,28 +447,35 @@ def validate(
                     {"change": dict(change), "index": index, "run": run, "live": live, "twin": twin}
                 )
             configs.append({"change": dict(change), "metrics": compare_runs(lives, twins)})
-    result = {
-        "settings": {
-            **{k: v for k, v in dataclasses.asdict(settings).items() if k != "trace"},
-            "trace": str(settings.trace),
-        },
-        "configs": configs,
-        "kendall_tau": {
-            name: kendall_tau(
-                [c["metrics"][name]["live"] for c in configs],
-                [c["metrics"][name]["twin"] for c in configs],
-            )
-            for name in RANKED
-        },
-        "directions": directions(configs),
-    }
-    if out is not None:
-        write_outputs(result, raw, out)
+        result = {
+            "settings": {
+                **{k: v for k, v in dataclasses.asdict(settings).items() if k != "trace"},
+                "trace": str(settings.trace),
+            },
+            "configs": configs,
+            "kendall_tau": {
+                name: kendall_tau(
+                    [c["metrics"][name]["live"] for c in configs],
+                    [c["metrics"][name]["twin"] for c in configs],
+                )
+                for name in RANKED
+            },
+            "directions": directions(configs),
+        }
+        if out is not None:  # while the work folders (live databases, logs) still exist
+            write_outputs(result, raw, out, work=Path(folder))
     return result
 
 
-def write_outputs(result: Mapping[str, Any], raw: Sequence[Mapping[str, Any]], out: Path) -> None:
-    """result.json, the raw live and twin reports, and validate.html (plotly)."""
+def write_outputs(
+    result: Mapping[str, Any],
+    raw: Sequence[Mapping[str, Any]],
+    out: Path,
+    *,
+    work: Path | None = None,
+) -> None:
+    """result.json, the raw live and twin reports, validate.html (plotly), and from `work`
+    each live run's database and logs (every request, decision and measurement)."""
     from backend.bench.validate_plots import validate_figure
 
     out.mkdir(parents=True, exist_ok=True)
@@ -488,5 +496,12 @@ def write_outputs(result: Mapping[str, Any], raw: Sequence[Mapping[str, Any]], o
         (folder / "calibration-after.json").write_text(
             json.dumps(entry["live"]["calibration_after"], indent=1)
         )
+        # Everything else the twin's prediction read, so a kept run can be predicted again.
+        rest = {k: v for k, v in entry["live"].items() if k not in ("report", "trace")}
+        (folder / "live-run.json").write_text(json.dumps(rest, indent=1))
+        run_dir = (work or Path()) / f"config-{entry['index']}" / f"run-{entry['run']}"
+        if work is not None and (run_dir / "data" / "kvcentric.db").exists():
+            shutil.copyfile(run_dir / "data" / "kvcentric.db", folder / "live.db")
+            shutil.copytree(run_dir / "logs", folder / "logs", dirs_exist_ok=True)
     first_runs = [entry for entry in raw if entry["run"] == 0]  # the CDFs: each config's first
     validate_figure(result, first_runs).write_html(out / "validate.html", include_plotlyjs="cdn")

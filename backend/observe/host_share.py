@@ -9,10 +9,20 @@ split, which is what a what-if changes.
 The model is processor sharing: while n agents compute at once, each progresses at
 min(1, cores / n), `cores` being what the agents get of the host's CPUs. From the
 measurements' own intervals (every prefill and every decode step ends at its `time_s`
-and lasts its `seconds`) this module counts how many agents computed at every moment,
-picks the `cores` under which the measurements, scaled back to solo times, agree best
-with one model (the least spread of their residuals), and returns those solo times. The
-twin then runs the solo times and slows them by the same rule with its own count of busy
+and lasts its `seconds`) this module counts how many agents computed at every moment.
+
+Where the agents measured the CPU time each computation got (`cpu_s`, their computing
+thread's clock: all of a prefill's and a decode step's work runs on one thread with one
+torch thread per agent on a shared host), that is its solo time, and `cores` is the value
+under which processor sharing over the counted intervals gives the same total work as the
+CPU clocks did; each role gets its own value the same way (the scheduler does not share
+the cores equally: on a 2-CPU host a decode loop kept 74 % of its steps' time on CPU
+beside prefills that kept 49 %). Otherwise (agents that do not measure it) `cores` is the
+value under which the measurements, scaled back to solo times, agree best with one prefill
+model (the least spread of their residuals); at a steadily crowded host that choice is weakly determined
+(two windows of one replay gave 1.1 and 3.0 cores), which is why the agents measure.
+
+The twin runs the solo times and slows them by the same rule with its own count of busy
 agents (twin/host.py), so a change that crowds the host more is predicted to run slower.
 """
 
@@ -30,6 +40,9 @@ MAX_OVERFULL_SHARE = 0.1
 # How much less spread (relative, and absolute in log units) fewer cores must give.
 MIN_IMPROVEMENT = 0.005
 MIN_IMPROVEMENT_ABS = 0.001
+# The CPU clocks are used when (nearly) every sample has one.
+MIN_CPU_MEASURED_SHARE = 0.95
+CORES_TOLERANCE = 0.005
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +54,8 @@ class HostShare:
     mean_busy_agents: float
     prefill: tuple[PrefillSample, ...]
     decode: tuple[DecodeStepSample, ...]
+    prefill_cores: float
+    decode_cores: float
 
 
 def _intervals(samples: Sequence[PrefillSample | DecodeStepSample]) -> np.ndarray:
@@ -100,6 +115,64 @@ def host_share(
     busy = _BusyAgents(_intervals(samples))
     if busy.overfull_share(num_agents) > MAX_OVERFULL_SHARE:
         return None
+    cpu = [s.cpu_s for s in samples]
+    if sum(c is not None for c in cpu) >= MIN_CPU_MEASURED_SHARE * len(samples):
+        seconds = np.array([s.seconds for s in samples], dtype=float)
+        solo = np.minimum(np.array([c if c is not None else np.nan for c in cpu]), seconds)
+        solo = np.where(np.isnan(solo), seconds, solo)  # the few unmeasured: as measured
+        everyone = np.ones(len(samples), dtype=bool)
+        cores = _cores_of_work(busy, solo, everyone, num_agents)
+        is_prefill = np.arange(len(samples)) < len(prefill)
+        prefill_cores = _cores_of_work(busy, solo, is_prefill, num_agents)
+        decode_cores = (
+            _cores_of_work(busy, solo, ~is_prefill, num_agents) if decode else cores
+        )
+    else:
+        cores = _cores_of_spread(prefill, busy, num_agents)
+        prefill_cores = decode_cores = cores
+        solo = busy.solo_s(cores)
+    return HostShare(
+        prefill_cores=round(prefill_cores, 2),
+        decode_cores=round(decode_cores, 2),
+        cores=round(cores, 2),
+        mean_busy_agents=busy.mean_busy(),
+        prefill=tuple(
+            replace(s, seconds=float(t)) for s, t in zip(prefill, solo[: len(prefill)], strict=True)
+        ),
+        decode=tuple(
+            replace(s, seconds=float(t)) for s, t in zip(decode, solo[len(prefill) :], strict=True)
+        ),
+    )
+
+
+def _cores_of_work(
+    busy: "_BusyAgents", cpu_s: np.ndarray, which: np.ndarray, num_agents: int
+) -> float:
+    """The cores under which processor sharing over the counted intervals does as much work
+    in the `which` samples as their CPU clocks measured (the work grows with the cores)."""
+    target = float(np.sum(cpu_s[which]))
+
+    def work(cores: float) -> float:
+        return float(np.sum(busy.solo_s(cores)[which]))
+
+    low, high = MIN_CORES, float(num_agents)
+    if work(high) <= target:
+        return high  # no sign of crowding
+    if work(low) >= target:
+        return low
+    while high - low > CORES_TOLERANCE:
+        middle = (low + high) / 2
+        if work(middle) < target:
+            low = middle
+        else:
+            high = middle
+    return (low + high) / 2
+
+
+def _cores_of_spread(
+    prefill: Sequence[PrefillSample], busy: "_BusyAgents", num_agents: int
+) -> float:
+    """The cores under which the prefills at solo times scatter least around one fit."""
     inputs = np.array([s.input_tokens for s in prefill], dtype=float)
     cached = np.array([s.cached_tokens for s in prefill], dtype=float)
     # From as many cores as agents (no crowding) down: below one core per busy agent the
@@ -111,17 +184,7 @@ def host_share(
         spread = _log_residual_spread(inputs, cached, solo)
         if spread < best_spread - max(best_spread * MIN_IMPROVEMENT, MIN_IMPROVEMENT_ABS):
             best_cores, best_spread = float(cores), spread
-    solo = busy.solo_s(best_cores)
-    return HostShare(
-        cores=round(best_cores, 2),
-        mean_busy_agents=busy.mean_busy(),
-        prefill=tuple(
-            replace(s, seconds=float(t)) for s, t in zip(prefill, solo[: len(prefill)], strict=True)
-        ),
-        decode=tuple(
-            replace(s, seconds=float(t)) for s, t in zip(decode, solo[len(prefill) :], strict=True)
-        ),
-    )
+    return best_cores
 
 
 def _log_residual_spread(inputs: np.ndarray, cached: np.ndarray, seconds: np.ndarray) -> float:

@@ -100,6 +100,8 @@ def live_profile(
     if share is not None:
         profile["host"] = {
             "cores": share.cores,
+            "prefill_cores": share.prefill_cores,
+            "decode_cores": share.decode_cores,
             "mean_busy_agents": round(share.mean_busy_agents, 3),
         }
     return profile

@@ -28,7 +28,8 @@ from backend.policy.cost_model import (
 class PrefillSample:
     """One prefill as its agent measured it. `seconds` is the agent's occupancy: from taking
     its prefill worker to letting it go (loads, fetch, compute, stores, KV hand-off), which is
-    what requests queued behind it wait for."""
+    what requests queued behind it wait for. `cpu_s`: the CPU time its thread got in those
+    seconds, about what it would take alone on the host (None where not measured)."""
 
     time_s: float
     input_tokens: int
@@ -36,16 +37,19 @@ class PrefillSample:
     seconds: float
     queue_s: float = 0.0
     fetched_tokens: int = 0
+    cpu_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class DecodeStepSample:
-    """One continuous-batching iteration: batch size, KV tokens of the batch, seconds."""
+    """One continuous-batching iteration: batch size, KV tokens of the batch, seconds, and
+    the CPU time the decode loop's thread got in them (None where not measured)."""
 
     time_s: float
     batch_size: int
     context_tokens: int
     seconds: float
+    cpu_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -102,7 +102,7 @@ class DispatchPrefillRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., plan: _Optional[_Union[CachePlan, _Mapping]] = ..., replicate: _Optional[bool] = ..., decode_instance_id: _Optional[str] = ..., decode_data_address: _Optional[str] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., return_logits: _Optional[bool] = ...) -> None: ...
 
 class PrefillTimings(_message.Message):
-    __slots__ = ("queue_s", "load_s", "fetch_s", "compute_s", "load_wait_s", "store_wait_s", "store_s", "handoff_s", "total_s")
+    __slots__ = ("queue_s", "load_s", "fetch_s", "compute_s", "load_wait_s", "store_wait_s", "store_s", "handoff_s", "total_s", "cpu_s")
     QUEUE_S_FIELD_NUMBER: _ClassVar[int]
     LOAD_S_FIELD_NUMBER: _ClassVar[int]
     FETCH_S_FIELD_NUMBER: _ClassVar[int]
@@ -112,6 +112,7 @@ class PrefillTimings(_message.Message):
     STORE_S_FIELD_NUMBER: _ClassVar[int]
     HANDOFF_S_FIELD_NUMBER: _ClassVar[int]
     TOTAL_S_FIELD_NUMBER: _ClassVar[int]
+    CPU_S_FIELD_NUMBER: _ClassVar[int]
     queue_s: float
     load_s: float
     fetch_s: float
@@ -121,7 +122,8 @@ class PrefillTimings(_message.Message):
     store_s: float
     handoff_s: float
     total_s: float
-    def __init__(self, queue_s: _Optional[float] = ..., load_s: _Optional[float] = ..., fetch_s: _Optional[float] = ..., compute_s: _Optional[float] = ..., load_wait_s: _Optional[float] = ..., store_wait_s: _Optional[float] = ..., store_s: _Optional[float] = ..., handoff_s: _Optional[float] = ..., total_s: _Optional[float] = ...) -> None: ...
+    cpu_s: float
+    def __init__(self, queue_s: _Optional[float] = ..., load_s: _Optional[float] = ..., fetch_s: _Optional[float] = ..., compute_s: _Optional[float] = ..., load_wait_s: _Optional[float] = ..., store_wait_s: _Optional[float] = ..., store_s: _Optional[float] = ..., handoff_s: _Optional[float] = ..., total_s: _Optional[float] = ..., cpu_s: _Optional[float] = ...) -> None: ...
 
 class DispatchPrefillReply(_message.Message):
     __slots__ = ("request_id", "instance_id", "first_token", "num_tokens", "num_reused_tokens", "num_fetched_tokens", "recomputed_keys", "stored_keys", "timings", "events", "handed_off", "logits")
@@ -378,32 +380,36 @@ class JoinReply(_message.Message):
     def __init__(self, accepted: _Optional[bool] = ..., heartbeat_interval_s: _Optional[float] = ..., message: _Optional[str] = ...) -> None: ...
 
 class PrefillSample(_message.Message):
-    __slots__ = ("input_tokens", "cached_tokens", "fetched_tokens", "seconds", "queue_s", "age_s")
+    __slots__ = ("input_tokens", "cached_tokens", "fetched_tokens", "seconds", "queue_s", "age_s", "cpu_s")
     INPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     FETCHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     SECONDS_FIELD_NUMBER: _ClassVar[int]
     QUEUE_S_FIELD_NUMBER: _ClassVar[int]
     AGE_S_FIELD_NUMBER: _ClassVar[int]
+    CPU_S_FIELD_NUMBER: _ClassVar[int]
     input_tokens: int
     cached_tokens: int
     fetched_tokens: int
     seconds: float
     queue_s: float
     age_s: float
-    def __init__(self, input_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., fetched_tokens: _Optional[int] = ..., seconds: _Optional[float] = ..., queue_s: _Optional[float] = ..., age_s: _Optional[float] = ...) -> None: ...
+    cpu_s: float
+    def __init__(self, input_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., fetched_tokens: _Optional[int] = ..., seconds: _Optional[float] = ..., queue_s: _Optional[float] = ..., age_s: _Optional[float] = ..., cpu_s: _Optional[float] = ...) -> None: ...
 
 class DecodeStepSample(_message.Message):
-    __slots__ = ("batch_size", "context_tokens", "seconds", "age_s")
+    __slots__ = ("batch_size", "context_tokens", "seconds", "age_s", "cpu_s")
     BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     SECONDS_FIELD_NUMBER: _ClassVar[int]
     AGE_S_FIELD_NUMBER: _ClassVar[int]
+    CPU_S_FIELD_NUMBER: _ClassVar[int]
     batch_size: int
     context_tokens: int
     seconds: float
     age_s: float
-    def __init__(self, batch_size: _Optional[int] = ..., context_tokens: _Optional[int] = ..., seconds: _Optional[float] = ..., age_s: _Optional[float] = ...) -> None: ...
+    cpu_s: float
+    def __init__(self, batch_size: _Optional[int] = ..., context_tokens: _Optional[int] = ..., seconds: _Optional[float] = ..., age_s: _Optional[float] = ..., cpu_s: _Optional[float] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("instance_id", "sequence", "now_s", "role", "draining", "prefill", "decode", "memory", "events", "first_event_index", "num_dropped_events", "final", "prefill_samples", "decode_steps")

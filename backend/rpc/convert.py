@@ -293,6 +293,7 @@ def heartbeat_to_proto(heartbeat: Heartbeat) -> pb.HeartbeatRequest:
                 seconds=s.seconds,
                 queue_s=s.queue_s,
                 age_s=max(0.0, heartbeat.now_s - s.time_s),
+                cpu_s=s.cpu_s,
             )
             for s in heartbeat.prefill_samples
         ],
@@ -302,6 +303,7 @@ def heartbeat_to_proto(heartbeat: Heartbeat) -> pb.HeartbeatRequest:
                 context_tokens=s.context_tokens,
                 seconds=s.seconds,
                 age_s=max(0.0, heartbeat.now_s - s.time_s),
+                cpu_s=s.cpu_s,
             )
             for s in heartbeat.decode_steps
         ],
@@ -332,11 +334,18 @@ def heartbeat_from_proto(message: pb.HeartbeatRequest) -> Heartbeat:
                 seconds=s.seconds,
                 queue_s=s.queue_s,
                 fetched_tokens=s.fetched_tokens,
+                cpu_s=s.cpu_s if s.HasField("cpu_s") else None,
             )
             for s in message.prefill_samples
         ),
         decode_steps=tuple(
-            DecodeStepSample(message.now_s - s.age_s, s.batch_size, s.context_tokens, s.seconds)
+            DecodeStepSample(
+                message.now_s - s.age_s,
+                s.batch_size,
+                s.context_tokens,
+                s.seconds,
+                s.cpu_s if s.HasField("cpu_s") else None,
+            )
             for s in message.decode_steps
         ),
     )

@@ -4,14 +4,14 @@ import pytest
 import simpy
 
 from twin.decode import DecodeInstance, DecodeJob
-from twin.host import SharedHost
+from twin.host import HostCores, SharedHost
 from twin.timing import load_timing
 
 
 def _finish_times(cores: float, jobs: list[tuple[float, float]]) -> list[float]:
     """When each (start_s, solo_s) job ends on a host of `cores`."""
     env = simpy.Environment()
-    host = SharedHost(env, cores)
+    host = SharedHost(env, HostCores(cores, cores))
     ends = [0.0] * len(jobs)
 
     def job(index: int, start_s: float, solo_s: float):
@@ -37,13 +37,13 @@ def test_jobs_share_the_cores_and_speed_up_when_one_leaves() -> None:
     assert _finish_times(2.0, [(0.0, 1.0), (0.0, 1.0)]) == pytest.approx([1.0, 1.0])
     # 1.5 cores for three jobs: each at half speed.
     assert _finish_times(1.5, [(0.0, 1.0)] * 3) == pytest.approx([2.0] * 3)
-    with pytest.raises(ValueError, match="cores > 0"):
-        SharedHost(simpy.Environment(), 0.0)
+    with pytest.raises(ValueError, match="prefill cores > 0"):
+        HostCores(0.0, 1.0)
 
 
 def test_a_decode_batch_steps_slower_while_a_prefill_computes_beside_it() -> None:
     env = simpy.Environment()
-    host = SharedHost(env, 1.0)
+    host = SharedHost(env, HostCores(1.0, 1.0))
     timing = load_timing("paper")
     finished = {}
     decode = DecodeInstance(
@@ -67,3 +67,14 @@ def test_a_decode_batch_steps_slower_while_a_prefill_computes_beside_it() -> Non
     # see the context grown by then: a hair apart).
     assert finished["a"] == pytest.approx(120 * step_s, rel=1e-3)
     assert host.num_busy == 0
+
+
+def test_each_role_is_slowed_by_the_cores_it_saw() -> None:
+    # Measured live, the decode loop kept more of its CPU than the prefills beside it did.
+    host = SharedHost(simpy.Environment(), HostCores(prefill=1.0, decode=1.5))
+    assert host.rate("prefill") == host.rate("decode") == 1.0
+    host.enter()
+    host.enter()
+    host.enter()
+    assert host.rate("prefill") == pytest.approx(1 / 3)
+    assert host.rate("decode") == pytest.approx(0.5)
