@@ -19,8 +19,9 @@ CPU clocks did; each role gets its own value the same way (the scheduler does no
 the cores equally: on a 2-CPU host a decode loop kept 74 % of its steps' time on CPU
 beside prefills that kept 49 %). Otherwise (agents that do not measure it) `cores` is the
 value under which the measurements, scaled back to solo times, agree best with one prefill
-model (the least spread of their residuals); at a steadily crowded host that choice is weakly determined
-(two windows of one replay gave 1.1 and 3.0 cores), which is why the agents measure.
+model (the least spread of their residuals); at a steadily crowded host that choice is
+weakly determined (two windows of one replay gave 1.1 and 3.0 cores), which is why the
+agents measure.
 
 The twin runs the solo times and slows them by the same rule with its own count of busy
 agents (twin/host.py), so a change that crowds the host more is predicted to run slower.
