@@ -125,9 +125,7 @@ def host_share(
         cores = _cores_of_work(busy, solo, everyone, num_agents)
         is_prefill = np.arange(len(samples)) < len(prefill)
         prefill_cores = _cores_of_work(busy, solo, is_prefill, num_agents)
-        decode_cores = (
-            _cores_of_work(busy, solo, ~is_prefill, num_agents) if decode else cores
-        )
+        decode_cores = _cores_of_work(busy, solo, ~is_prefill, num_agents) if decode else cores
     else:
         cores = _cores_of_spread(prefill, busy, num_agents)
         prefill_cores = decode_cores = cores
