@@ -1,5 +1,7 @@
 """Host sharing: the solo times beneath measurements of agents that crowded one host."""
 
+import json
+
 import pytest
 
 from backend.observe.host_share import host_share
@@ -7,6 +9,8 @@ from backend.observe.live_profile import live_profile
 from backend.policy.calibration import Calibrator, DecodeStepSample, PrefillSample
 from backend.policy.cost_model import CostModel, DecodeFit, LinkModel, PrefillFit
 from backend.rpc.reports import Join
+from twin.host import HostCores
+from twin.timing import load_timing
 
 COST = CostModel(PrefillFit(0.01, 1e-4), DecodeFit(0.002, 0.001, 0.0), LinkModel(1e9), 2048)
 
@@ -79,3 +83,45 @@ def test_a_live_profile_of_one_host_holds_solo_times_and_its_cores() -> None:
     assert point["seconds"] == pytest.approx(_solo_s(point["input_tokens"]), rel=0.1)
     # Agents on two hosts do not crowd each other's cores: no host section, times as measured.
     assert "host" not in live_profile(calibrator, _joins("10.0.0.1", "10.0.0.2"))
+
+
+def test_cpu_clocks_give_the_solo_times_and_each_roles_cores() -> None:
+    """Two prefill agents and a decode agent on one host, measured with their CPU clocks:
+    prefills computed in pairs at 0.4 of a core each, decode steps beside one prefill at 0.8.
+    The solo times are the clocks; each role's cores make processor sharing do that work
+    (prefill: 0.4 x 2 busy = 0.8 cores; decode: 0.8 x 2 busy = 1.6)."""
+    prefill, decode = [], []
+    now_s = 0.0
+    for n in range(12):  # pairs of equal prefills
+        solo_s = _solo_s(100 + 50 * n)
+        now_s += solo_s / 0.4
+        prefill += [PrefillSample(now_s, 100 + 50 * n, 0, solo_s / 0.4, cpu_s=solo_s)] * 2
+        now_s += 0.5
+    start_s = now_s
+    for _ in range(40):  # 8 ms steps at 0.8 beside one prefill
+        now_s += 0.010
+        decode.append(DecodeStepSample(now_s, 3, 300, 0.010, cpu_s=0.008))
+    prefill.append(PrefillSample(now_s, 2000, 0, now_s - start_s, cpu_s=0.4 * (now_s - start_s)))
+    share = host_share(prefill, decode, num_agents=3, min_prefill_points=20)
+    assert share is not None
+    assert share.prefill_cores == pytest.approx(0.8, abs=0.011)
+    assert share.decode_cores == pytest.approx(1.6, abs=0.011)
+    assert 0.8 < share.cores < 1.6
+    assert [s.seconds for s in share.prefill] == [s.cpu_s for s in prefill]
+    assert [s.seconds for s in share.decode] == pytest.approx([0.008] * 40)
+
+
+def test_the_twin_reads_each_roles_cores_from_a_live_profile(tmp_path) -> None:
+    prefill, decode = _crowded_window()
+    calibrator = Calibrator(COST)
+    calibrator.add_prefill(prefill)
+    calibrator.add_decode(decode)
+    profile = live_profile(calibrator, _joins("127.0.0.1", "127.0.0.1"))
+    profile["host"] |= {"prefill_cores": 0.75, "decode_cores": 1.5}
+    path = tmp_path / "live.json"
+    path.write_text(json.dumps(profile))
+    assert load_timing(str(path)).host_cores == HostCores(prefill=0.75, decode=1.5)
+    del profile["host"]["prefill_cores"], profile["host"]["decode_cores"]  # an older profile
+    path.write_text(json.dumps(profile))
+    cores = profile["host"]["cores"]
+    assert load_timing(str(path)).host_cores == HostCores(prefill=cores, decode=cores)

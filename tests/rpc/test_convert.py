@@ -96,8 +96,15 @@ def test_joins_and_heartbeats_round_trip() -> None:
 def test_measurements_keep_when_they_ended_across_the_wire() -> None:
     """Each sample says how long before its heartbeat it ended, so the Conductor sees how
     the agents' work overlapped (host sharing reads it), not every sample at one instant."""
-    prefill = (PrefillSample(99.25, 300, 64, 0.5, 0.125, 16), PrefillSample(99.75, 10, 0, 0.25))
-    steps = (DecodeStepSample(99.5, 3, 900, 0.0625), DecodeStepSample(99.875, 2, 600, 0.03125))
+    # The CPU time each got travels too, and "not measured" stays distinct from zero.
+    prefill = (
+        PrefillSample(99.25, 300, 64, 0.5, 0.125, 16, cpu_s=0.25),
+        PrefillSample(99.75, 10, 0, 0.25),
+    )
+    steps = (
+        DecodeStepSample(99.5, 3, 900, 0.0625, cpu_s=0.0),
+        DecodeStepSample(99.875, 2, 600, 0.03125),
+    )
     beat = Heartbeat(
         100.0, "p1", 1, "prefill", False, AgentLoad(), prefill_samples=prefill, decode_steps=steps
     )

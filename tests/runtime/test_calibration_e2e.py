@@ -97,6 +97,11 @@ def test_calibration_converges_on_real_agents_and_survives_a_restart(tmp_path) -
         assert view["decode_median_rel_err"] < 0.5
         assert view["profile"]["believed"] == view["believed"]
         assert runtime.core.cost.name == "calibrated-ten-times-too-fast"
+        # Each measurement says how much CPU its agent's thread got (host sharing's solo
+        # times): some, and never more than the seconds it took.
+        window = runtime.calibrator.snapshot()
+        for sample in [*window.prefill, *window.decode]:
+            assert sample.cpu_s is not None and 0 < sample.cpu_s <= sample.seconds, sample
     calibrated = runtime.core.cost  # as the stopped Conductor last saved it
     restarted = start_conductor(settings, profile=wrong)
     try:
