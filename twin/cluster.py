@@ -12,6 +12,7 @@ from typing import Any
 import simpy
 
 from backend.policy import events as ev
+from backend.policy.calibration import Calibrator, DecodeStepSample, PrefillSample
 from backend.policy.core import ConductorCore
 from backend.policy.cost_model import CostModel
 from backend.policy.decode_load import check_decode_arrival, load_of
@@ -56,6 +57,7 @@ class TwinCluster(EffectHandler):
         self.timing = timing
         self.env = simpy.Environment()
         self.core = ConductorCore(self.policy, cost)
+        self.calibrator = Calibrator(cost) if config.calibrate else None
         self.recorder = Recorder()
         self._arrivals: dict[str, ev.RequestArrived] = {}
         self._jobs: dict[str, PrefillJob] = {}
@@ -93,6 +95,7 @@ class TwinCluster(EffectHandler):
                 on_start=self._on_decode_started,
                 on_finish=self._on_decode_finished,
                 host=self.host,
+                on_steps=self._on_decode_steps if self.calibrator is not None else None,
             )
             for n in range(config.num_decode)
         }
@@ -243,6 +246,12 @@ class TwinCluster(EffectHandler):
         record = self.recorder.records[job.request_id]
         record.prefill_compute_s = job.compute_s
         assert record.prefill_instance is not None
+        if self.calibrator is not None:
+            reused = job.plan.num_reused_tokens
+            self.calibrator.add_prefill(
+                [PrefillSample(self.env.now, job.input_tokens, reused, job.compute_s)]
+            )
+            self._refit_if_due()
         self._carry_out(
             self._feed(ev.PrefillFinished(self.env.now, job.request_id, record.prefill_instance))
         )
@@ -275,6 +284,24 @@ class TwinCluster(EffectHandler):
         decode.admit(
             DecodeJob(dispatch.request_id, dispatch.num_context_tokens, record.output_tokens)
         )
+
+    def _on_decode_steps(
+        self, batch_size: int, context_tokens: int, step_s: float, num_steps: int
+    ) -> None:
+        assert self.calibrator is not None
+        sample = DecodeStepSample(self.env.now, batch_size, context_tokens, step_s)
+        self.calibrator.add_decode([sample] * num_steps)
+        self._refit_if_due()
+
+    def _refit_if_due(self) -> None:
+        """As the live runtime does on a heartbeat: refit when due; the core believes the
+        new model from its next event on."""
+        calibrator = self.calibrator
+        assert calibrator is not None
+        if calibrator.is_due(self.env.now):
+            refit = calibrator.refit(self.env.now)
+            if refit.cost != self.core.cost:
+                self.core.recost(refit.cost)
 
     def _on_decode_started(self, job: DecodeJob, now_s: float) -> None:
         record = self.recorder.records[job.request_id]

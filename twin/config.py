@@ -53,6 +53,10 @@ class TwinConfig:
     prefill_chunk_tokens: int = 16_384
     block_size: int = 512
     series_interval_s: float = 10.0
+    # Refit the core's cost model online from the twin's own measurements, as the live
+    # Conductor does from its agents' (backend/policy/calibration.py, its defaults): the
+    # twin of a live cluster believes what live would come to believe under the change.
+    calibrate: bool = False
 
     def __post_init__(self) -> None:
         if self.num_prefill < 1 or self.num_decode < 1:
@@ -115,8 +119,10 @@ class TwinConfig:
         cls, policy: Mapping[str, Any], *, num_prefill: int, num_decode: int, **others: Any
     ) -> "TwinConfig":
         """The twin of a live cluster: its split and its policy configuration as the REST
-        API writes it (PolicyConfig's names, the one JSON codec), SLOs included."""
+        API writes it (PolicyConfig's names, the one JSON codec), SLOs included; it refits
+        its cost model online as the live Conductor does (`calibrate`)."""
         config = PolicyConfig(**policy_from_json(policy))
+        others.setdefault("calibrate", True)
         return cls(
             num_prefill=num_prefill,
             num_decode=num_decode,

@@ -44,9 +44,14 @@ class DecodeInstance:
         on_start: Callable[[DecodeJob, float], None],
         on_finish: Callable[[DecodeJob, float, float, float], None],
         host: SharedHost | None = None,
+        on_steps: Callable[[int, int, float, int], None] | None = None,
     ) -> None:
+        """`on_steps(batch_size, context_tokens, step_s, num_steps)`: after each stretch of
+        constant batch, its whole steps as a live agent measures them (the calibration)."""
         self.env = env
         self.instance_id = instance_id
+        self._on_steps = on_steps
+        self._stretch: tuple[int, int, float] | None = None  # batch, context, compute step
         self.timing = timing
         self.kv_capacity_tokens = kv_capacity_tokens
         self._on_start = on_start
@@ -126,9 +131,12 @@ class DecodeInstance:
                 host.enter(self)
             else:
                 host.leave(self)
+        self._report_stretch()
         self.step_s = self.timing.decode_step_s(len(self.jobs), self.context_tokens)
         if host is not None:
             self.step_s /= host.rate("decode")  # slowed while the host is crowded
+        if self.jobs and self._on_steps is not None:
+            self._stretch = (len(self.jobs), self.context_tokens, self.step_s)
         if self.jobs:
             # A live profile adds what streaming each token costs beyond the step.
             self.step_s += self.timing.serving.per_token_s
@@ -142,6 +150,16 @@ class DecodeInstance:
         timer = self.env.timeout(steps_left * self.step_s)
         generation = self._timer_generation
         timer.callbacks.append(lambda _event: self._on_timer(generation))
+
+    def _report_stretch(self) -> None:
+        """The stretch now ending, as whole steps (tokens produced / batch size)."""
+        stretch, self._stretch = self._stretch, None
+        if stretch is None or self._on_steps is None:
+            return
+        batch_size, context_tokens, step_s = stretch
+        num_steps = round(self.epoch_tokens[-1] / batch_size)
+        if num_steps > 0:
+            self._on_steps(batch_size, context_tokens, step_s, num_steps)
 
     def _on_host_change(self) -> None:
         """Another instance began or stopped computing: re-time the running batch."""
