@@ -108,6 +108,10 @@ def simulate(
             # How right early-predicted's forecast of the decode pool was (none otherwise).
             **forecast_error(cluster.core.forecasts.between(measure_from_s, math.inf)),
             "policy_cost_model": cost.to_profile(),
+            # With `calibrate`, what the twin's Conductor came to believe, and in how many
+            # refits (the same online calibration as live).
+            "policy_cost_model_end": cluster.core.cost.to_profile(),
+            "num_refits": cluster.calibrator.num_refits if cluster.calibrator else 0,
             "timing": timing.name,
         },
     )

@@ -1,5 +1,6 @@
 """The twin end to end: invariants, determinism, the real policy inside, cache-sim parity."""
 
+import dataclasses
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -134,3 +135,43 @@ def test_chunked_pipeline_groups_cut_the_ttft_of_long_prompts(shipped_trace) -> 
     ttft_alone = simulate(alone, rows)["ttft_mean_s"]
     ttft_piped = simulate(piped, rows)["ttft_mean_s"]
     assert 0.45 * ttft_alone < ttft_piped < 0.65 * ttft_alone
+
+
+def test_a_calibrating_twin_comes_to_believe_the_times_it_runs(shipped_trace, tmp_path) -> None:
+    """A profile whose Conductor believed every prefill ten times too fast: with `calibrate`
+    the twin's core refits from the twin's own measurements, as live does, and then
+    predicts the prefills it ran (median error) closely; without, it stays ten times off."""
+    import numpy as np
+
+    from backend.policy.cost_model import CostModel
+    from twin.timing import load_timing, read_profile
+
+    data, _ = read_profile("tiny-cpu")
+    truth = CostModel.from_profile(data)
+    fast = {k: v / 10 for k, v in dataclasses.asdict(truth.prefill).items()}
+    wrong = replace(truth, prefill=replace(truth.prefill, **fast), name="ten-times-too-fast")
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps({**data, "believed": wrong.to_profile()}))
+    rows = load_trace(shipped_trace, minutes=(0.0, 2.0))
+    config = TwinConfig(num_prefill=2, num_decode=1, profile=str(path), seed=3)
+    timing = load_timing(str(path))
+
+    def median_error(report: dict) -> float:
+        believed = CostModel.from_profile(report["policy_cost_model_end"])
+        ran = [
+            (r["input_tokens"], r["reused_tokens"])
+            for r in report["requests"]
+            if r["prefill_instance"] is not None
+            and timing.prefill_s(r["input_tokens"], r["reused_tokens"]) > 0
+        ]
+        return float(
+            np.median([abs(believed.prefill_time_s(*p) / timing.prefill_s(*p) - 1) for p in ran])
+        )
+
+    calibrated = simulate(config.with_changes(calibrate=True), rows)
+    assert calibrated["num_refits"] > 3
+    assert median_error(calibrated) < 0.1
+    fixed = simulate(config, rows)
+    assert fixed["num_refits"] == 0
+    assert fixed["policy_cost_model_end"] == fixed["policy_cost_model"]
+    assert median_error(fixed) > 0.8
