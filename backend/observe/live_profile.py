@@ -3,8 +3,8 @@
 A `kvcentric-profile/1` dict the twin reads like any measured profile, built from the
 calibration window's measurements (the twin's ground truth, separate from what the policy
 believes): prefill points on a grid from the robust fit of the measured prefills; decode
-points as measured, the median step of every batch size seen often enough (the fit's grid
-beyond); in `spread` the quantiles of each prefill's and each step's ratio to those central
+points as measured, the median step of every batch size seen often enough (beyond the
+largest, grown from it as the starting profile's measurement of the model grows); in `spread` the quantiles of each prefill's and each step's ratio to those central
 times and of the serving path's dispatch and first-token delays, which the twin draws from
 (twin/spread.py); the joined agents' capacities; and in `believed` the cost model the
 Conductor's policy ran with (its calibrated model, bounded per refit), so the twin's policy
@@ -15,7 +15,7 @@ taken alone (backend/observe/host_share.py) and the profile says in `host` how m
 the agents shared; the twin slows them again by how many of its agents compute at once.
 """
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,8 +63,9 @@ def live_profile(
         for context, seconds in _row(steps, decode.per_context_token_s)
     ]
     largest_batch = max(measured_steps, default=0)
+    beyond = _beyond_measured(measured_steps, decode, calibrator.base.decode)
     decode_points += [
-        {"batch_size": b, "context_tokens": b * c, "seconds": decode.step_s(b, b * c)}
+        {"batch_size": b, "context_tokens": b * c, "seconds": beyond(b, b * c)}
         for b in BATCH_SIZES
         if b > largest_batch
         for c in CONTEXT_PER_REQUEST_TOKENS
@@ -168,6 +169,25 @@ def _row(steps: list[tuple[int, float]], per_context_token_s: float) -> list[tup
     context = int(np.median([c for c, _ in steps]))
     seconds = float(np.median([t for _, t in steps]))
     return [(context, seconds), (context + 1024, seconds + 1024 * per_context_token_s)]
+
+
+def _beyond_measured(
+    steps: dict[int, list[tuple[int, float]]], window: DecodeFit, base: DecodeFit
+) -> Callable[[int, int], float]:
+    """Step times of batches larger than the window measured: the largest measured batch's
+    time, grown as the starting profile's own measurement of this model grows with batch and
+    context. The window's linear fit is dominated by the small batches a window holds most
+    and grows too fast: measured at speed 8 on 2 CPUs, batches 1-5 fitted 2.0 ms per request,
+    while steps of 8 requests took 14 ms of CPU, not the fit's 24 ms."""
+    if not steps:
+        return window.step_s
+    largest = max(steps)
+    context, seconds = _row(steps[largest], window.per_context_token_s)[0]
+    at_largest = base.step_s(largest, context)
+    if not (seconds > 0 and at_largest > 0):
+        return window.step_s
+    scale = seconds / at_largest
+    return lambda batch_size, context_tokens: scale * base.step_s(batch_size, context_tokens)
 
 
 def _spread(

@@ -1,0 +1,48 @@
+"""The live profile's decode points: measured batches as measured, larger ones grown from
+the largest measured as the starting profile's measurement of the model grows."""
+
+import pytest
+
+from backend.observe.live_profile import live_profile
+from backend.policy.calibration import Calibrator, DecodeStepSample, PrefillSample
+from backend.policy.cost_model import CostModel, DecodeFit, LinkModel, PrefillFit, fit_decode
+from backend.rpc.reports import Join
+
+# The starting profile: 2 ms a step plus 0.5 ms per request (what the idle profiling saw).
+BASE = CostModel(PrefillFit(0.01, 1e-4), DecodeFit(0.002, 0.0005, 0.0), LinkModel(1e9), 2048)
+AGENTS = [
+    Join(0, "p0", "prefill", "10.0.0.1:1", "", "tcp", "tiny", 16, 10**6, 10**9, 0),
+    Join(0, "d0", "decode", "10.0.0.2:2", "", "tcp", "tiny", 16, 5 * 10**5, 10**9, 0),
+]
+
+
+def _window() -> Calibrator:
+    """Batches 1-4 measured three times slower than the base and growing steeply at small
+    batches (a window's fit over them gives far more per request than larger ones cost)."""
+    calibrator = Calibrator(BASE)
+    seconds = {1: 0.004, 2: 0.009, 3: 0.011, 4: 0.012}  # 3 x base at batch 4
+    now_s = 0.0
+    for n in range(10):
+        for batch, step_s in seconds.items():
+            now_s += step_s
+            calibrator.add_decode([DecodeStepSample(now_s, batch, 300 + 40 * n, step_s)])
+    for n in range(25):
+        calibrator.add_prefill([PrefillSample(100.0 + n, 100 + 10 * n, 0, 0.02 + 1e-4 * n)])
+    return calibrator
+
+
+def test_batches_beyond_the_window_grow_as_the_starting_profile_measured() -> None:
+    profile = live_profile(_window(), AGENTS)
+    rows: dict[int, list[dict]] = {}
+    for point in profile["decode_points"]:
+        rows.setdefault(point["batch_size"], []).append(point)
+    assert rows[4][0]["seconds"] == pytest.approx(0.012)  # measured: as measured
+    scale = 0.012 / BASE.decode.step_s(4, rows[4][0]["context_tokens"])
+    for batch in (8, 16, 64):
+        for point in rows[batch]:
+            expected = scale * BASE.decode.step_s(batch, point["context_tokens"])
+            assert point["seconds"] == pytest.approx(expected)
+    window_fit = fit_decode(
+        [(s.batch_size, s.context_tokens, s.seconds) for s in _window().decode], robust=True
+    )
+    assert rows[8][0]["seconds"] < 0.85 * window_fit.step_s(8, rows[8][0]["context_tokens"])
