@@ -4,8 +4,9 @@ A `kvcentric-profile/1` dict the twin reads like any measured profile, built fro
 calibration window's measurements (the twin's ground truth, separate from what the policy
 believes): prefill points on a grid from the robust fit of the measured prefills; decode
 points as measured, the median step of every batch size seen often enough (beyond the
-largest, grown from it as the starting profile's measurement of the model grows); in `spread` the quantiles of each prefill's and each step's ratio to those central
-times and of the serving path's dispatch and first-token delays, which the twin draws from
+largest, grown from it as the starting profile's measurement of the model grows); in
+`spread` the quantiles of each prefill's and each step's ratio to those central times and of
+the serving path's dispatch and first-token delays, which the twin draws from
 (twin/spread.py); the joined agents' capacities; and in `believed` the cost model the
 Conductor's policy ran with (its calibrated model, bounded per refit), so the twin's policy
 believes what live did.
