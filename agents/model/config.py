@@ -9,7 +9,8 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, slots=True)
 class ModelConfig:
-    """A LLaMA-architecture decoder's shape (grouped-query attention, SwiGLU, untied head)."""
+    """A LLaMA-architecture decoder's shape (grouped-query attention, SwiGLU, an output head
+    of its own unless `tied_embeddings`)."""
 
     name: str
     num_layers: int
@@ -20,6 +21,8 @@ class ModelConfig:
     vocab_size: int
     rope_theta: float = 10_000.0
     rms_norm_eps: float = 1e-5
+    # The output head is the token embedding (SmolLM2); the dummy presets draw their own.
+    tied_embeddings: bool = False
 
     def __post_init__(self) -> None:
         for field in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "ffn_size"):
@@ -52,8 +55,8 @@ class ModelConfig:
 
     @property
     def num_params(self) -> int:
-        """All weights: embedding, layers, final norm and the (untied) output head."""
-        embeddings = 2 * self.vocab_size * self.hidden_size
+        """All weights: embedding, layers, final norm and the output head (unless tied)."""
+        embeddings = (1 if self.tied_embeddings else 2) * self.vocab_size * self.hidden_size
         return embeddings + self.num_layers * self.layer_params + self.hidden_size
 
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:

@@ -1,4 +1,5 @@
-"""LlamaModel: the seeded dummy-weight decoder, its device and dtype choice, and a full pass.
+"""LlamaModel: the LLaMA decoder (seeded dummy weights, or a real checkpoint's), its device
+and dtype choice, and a full pass.
 
 Workers drive the layers one by one (embed, then per layer project_qkv / attention /
 finish, then logits) so that they own KV loading and storing between layers.
@@ -7,7 +8,7 @@ finish, then logits) so that they own KV loading and storing between layers.
 import torch
 from torch import nn
 
-from agents.model.config import ModelConfig, get_preset
+from agents.model.config import ModelConfig
 from agents.model.layers import (
     DecoderLayer,
     RMSNorm,
@@ -56,6 +57,20 @@ class LlamaModel(nn.Module):
         # The output head is an ordinary (vocab, hidden) weight drawn N(0, 1/hidden).
         self.lm_head = seeded_weight((config.vocab_size, config.hidden_size), *args)
 
+    @torch.no_grad()
+    def load_weights(self, state: dict[str, torch.Tensor]) -> None:
+        """Replace every weight by `state`'s (agents.model.checkpoint.state_dict), each
+        checked against this model's shape; a missing or extra name is an error."""
+        own = dict(self.named_parameters())
+        if set(state) != set(own):
+            missing, extra = sorted(set(own) - set(state)), sorted(set(state) - set(own))
+            raise ValueError(f"weights do not match the model: missing {missing}, extra {extra}")
+        for name, parameter in own.items():
+            if state[name].shape != parameter.shape:
+                shape, own_shape = list(state[name].shape), list(parameter.shape)
+                raise ValueError(f"{name}: shape {shape} != the model's {own_shape}")
+            parameter.copy_(state[name].to(parameter.device, parameter.dtype))
+
     @property
     def kv_dtype_bytes(self) -> int:
         return torch.empty((), dtype=self.dtype).element_size()
@@ -102,6 +117,20 @@ def build_model(
     device: torch.device | str | None = None,
     dtype: torch.dtype | None = None,
 ) -> LlamaModel:
-    """A model of a preset name or config; device and dtype default to CUDA/bf16 or CPU/fp32."""
-    config = get_preset(preset) if isinstance(preset, str) else preset
-    return LlamaModel(config, seed=seed, device=device, dtype=dtype)
+    """A model of a name or config; device and dtype default to CUDA/bf16 or CPU/fp32.
+
+    A name is a dummy preset (seeded random weights), a real model of the registry
+    (`smollm2-135m`) or a checkpoint's path (agents.model.registry)."""
+    if isinstance(preset, ModelConfig):
+        return LlamaModel(preset, seed=seed, device=device, dtype=dtype)
+    from agents.model.registry import resolve_model
+
+    source = resolve_model(preset)
+    if source.checkpoint is None:
+        return LlamaModel(source.config, seed=seed, device=device, dtype=dtype)
+    from agents.model.checkpoint import read_checkpoint, state_dict
+
+    checkpoint = read_checkpoint(source.checkpoint)
+    model = LlamaModel(checkpoint.config, seed=seed, device=device, dtype=dtype)
+    model.load_weights(state_dict(checkpoint, model.dtype))
+    return model

