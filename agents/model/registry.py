@@ -42,6 +42,15 @@ class ModelSource:
     def dummy(self) -> bool:
         return self.checkpoint is None
 
+    def stop_token_ids(self) -> frozenset[int]:
+        """The tokens that end a generation: a real model's end of sequence (from its
+        tokenizer's metadata); none for a dummy preset."""
+        if self.checkpoint is None:
+            return frozenset()
+        from backend.tokenizer.model_tokenizer import read_tokenizer_spec
+
+        return frozenset({read_tokenizer_spec(self.checkpoint).eos_id})
+
 
 def installed_checkpoint(model: RealModel) -> Path | None:
     """Where the installed distribution holds the model's file, or None if not installed."""

@@ -14,6 +14,7 @@ import torch
 
 from agents.model import build_model
 from agents.model.kv_blocks import block_to_bytes
+from agents.model.registry import resolve_model
 from agents.node import prefix as prefixes
 from agents.node.decode_loop import DecodeLoop, Stream
 from agents.node.faults import Faults, corrupting_last_block
@@ -87,7 +88,11 @@ class NodeAgent:
             else None
         )
         self.prefill_worker = PrefillWorker(self.model, self.block_size)
-        self.decode = DecodeLoop(DecodeWorker(self.model, max_batch_size=settings.max_batch_size))
+        stops = resolve_model(settings.preset).stop_token_ids()
+        worker = DecodeWorker(
+            self.model, max_batch_size=settings.max_batch_size, stop_token_ids=stops
+        )
+        self.decode = DecodeLoop(worker)
         self.inbox = HandoffInbox(self.model, self.block_size)
         source = corrupting_last_block(self._serve) if faults.corrupt_fetch else self._serve
         self.transport = make_transport(

@@ -32,7 +32,7 @@ def _abort(context: grpc.ServicerContext, error: PlanError) -> None:
 
 
 def _sampling(message: pb.Sampling) -> SamplingParams:
-    return SamplingParams(message.temperature, message.top_k, message.seed)
+    return SamplingParams(message.temperature, message.top_k, message.seed, message.ignore_eos)
 
 
 class AgentService(pb_grpc.AgentServicer):

@@ -4,7 +4,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from agents.model.config import get_preset
+from agents.model.registry import resolve_model
 from agents.transport import TRANSPORT_KINDS, parse_address
 
 AgentRole = Literal["prefill", "decode"]
@@ -16,7 +16,7 @@ class AgentSettings:
     listen: str  # gRPC control address, "host:port" (port 0 picks one)
     data_listen: str  # data-plane (transport) address
     secret: str
-    preset: str = "tiny"
+    preset: str = "tiny"  # the model: a preset, a real model's name or a path (registry)
     block_size: int = 64
     instance_id: str | None = None  # default: derived from the control address
     conductor: str | None = None  # "host:port" of the Conductor to join; None: no heartbeats
@@ -38,7 +38,7 @@ class AgentSettings:
     def __post_init__(self) -> None:
         if self.role not in ("prefill", "decode"):
             raise ValueError(f"role must be 'prefill' or 'decode', got {self.role!r}")
-        get_preset(self.preset)  # ValueError naming the presets
+        resolve_model(self.preset)  # ValueError naming the presets and real models
         if self.torch_threads is not None and self.torch_threads < 1:
             raise ValueError(f"torch threads must be at least 1, got {self.torch_threads}")
         parse_address(self.listen)

@@ -75,7 +75,11 @@ class DecodeWorker:
         max_batch_size: int = 64,
         on_token: TokenCallback | None = None,
         on_finish: FinishCallback | None = None,
+        stop_token_ids: frozenset[int] = frozenset(),
     ) -> None:
+        """`stop_token_ids`: the model's end-of-sequence tokens; a request that makes one ends
+        there (the token included) unless its sampling says `ignore_eos`. Dummy models have
+        none: their requests always run to max_tokens."""
         if max_batch_size <= 0:
             raise ValueError(f"max_batch_size must be positive, got {max_batch_size}")
         self.model = model
@@ -83,6 +87,7 @@ class DecodeWorker:
         self.max_batch_size = max_batch_size
         self.on_token = on_token
         self.on_finish = on_finish
+        self.stop_token_ids = stop_token_ids
         self._waiting: list[DecodeRequest] = []
         self._running: dict[str, _Running] = {}
 
@@ -175,7 +180,8 @@ class DecodeWorker:
         request = state.request
         if self.on_token is not None:
             self.on_token(request.request_id, token)
-        if len(state.output_tokens) >= request.max_tokens:
+        stopped = token in self.stop_token_ids and not request.sampling.ignore_eos
+        if stopped or len(state.output_tokens) >= request.max_tokens:
             del self._running[request.request_id]
             outputs = tuple(state.output_tokens)
             self._finish(DecodeOutcome(request.request_id, "completed", outputs))

@@ -17,6 +17,7 @@ class SamplingParams:
     temperature: float = 0.0
     top_k: int = 0  # 0 keeps the whole vocabulary
     seed: int = 0
+    ignore_eos: bool = False  # keep decoding past the model's stop tokens, to max_tokens
 
     def __post_init__(self) -> None:
         if not self.temperature >= 0:

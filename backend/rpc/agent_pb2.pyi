@@ -72,14 +72,16 @@ class KvEvent(_message.Message):
     def __init__(self, kind: _Optional[_Union[KvEvent.Kind, str]] = ..., now_s: _Optional[float] = ..., instance_id: _Optional[str] = ..., keys: _Optional[_Iterable[int]] = ..., tier: _Optional[_Union[Tier, str]] = ...) -> None: ...
 
 class Sampling(_message.Message):
-    __slots__ = ("temperature", "top_k", "seed")
+    __slots__ = ("temperature", "top_k", "seed", "ignore_eos")
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
+    IGNORE_EOS_FIELD_NUMBER: _ClassVar[int]
     temperature: float
     top_k: int
     seed: int
-    def __init__(self, temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ...) -> None: ...
+    ignore_eos: bool
+    def __init__(self, temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., ignore_eos: _Optional[bool] = ...) -> None: ...
 
 class DispatchPrefillRequest(_message.Message):
     __slots__ = ("request_id", "token_ids", "plan", "replicate", "decode_instance_id", "decode_data_address", "sampling", "return_logits")

@@ -18,6 +18,7 @@ class Sampling:
     temperature: float = 0.0
     top_k: int = 0
     seed: int = 0
+    ignore_eos: bool = False  # generate max_tokens even past the model's end of sequence
 
 
 _END = object()

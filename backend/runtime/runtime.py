@@ -849,4 +849,9 @@ class ConductorRuntime(EffectHandler):
 
 def _sampling_to_proto(sampling: Sampling) -> pb.Sampling:
     seed = (sampling.seed + 2**63) % 2**64 - 2**63  # into int64, as agent.proto carries it
-    return pb.Sampling(temperature=sampling.temperature, top_k=sampling.top_k, seed=seed)
+    return pb.Sampling(
+        temperature=sampling.temperature,
+        top_k=sampling.top_k,
+        seed=seed,
+        ignore_eos=sampling.ignore_eos,
+    )

@@ -1,10 +1,40 @@
-"""The built-in tokenizer: text <-> token ids with no download, and the chat template.
+"""Text <-> token ids and chat templates: the built-in synthetic tokenizer of the dummy
+models (no download; see `synthetic.py`) and a real model's own (`model_tokenizer.py`).
 
-The served model has dummy weights, so what matters is a deterministic mapping with a
-realistic token count whose prefixes line up for prompt caching; see `synthetic.py`.
+Both offer `encode`, `decode`, `stream_decoder()` (text of a token stream, never half a
+character), `chat_prompt(messages)`, `vocab_size` and `eos_token_id`: the `Tokenizer`
+protocol the REST API uses.
 """
+
+from collections.abc import Iterable
+from typing import Protocol
 
 from backend.tokenizer.chat import ROLES, apply_chat_template
 from backend.tokenizer.synthetic import EOS_TOKEN_ID, SyntheticTokenizer
 
-__all__ = ["EOS_TOKEN_ID", "ROLES", "SyntheticTokenizer", "apply_chat_template"]
+
+class StreamDecoder(Protocol):
+    def feed(self, token_id: int) -> str: ...
+
+
+class Tokenizer(Protocol):
+    vocab_size: int
+    eos_token_id: int
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: Iterable[int]) -> str: ...
+
+    def stream_decoder(self) -> StreamDecoder: ...
+
+    def chat_prompt(self, messages: Iterable[tuple[str, str]]) -> str: ...
+
+
+__all__ = [
+    "EOS_TOKEN_ID",
+    "ROLES",
+    "StreamDecoder",
+    "SyntheticTokenizer",
+    "Tokenizer",
+    "apply_chat_template",
+]

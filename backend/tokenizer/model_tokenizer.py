@@ -136,6 +136,19 @@ class ModelTokenizer:
     def stream_decoder(self) -> "StreamDecoder":
         return StreamDecoder(self)
 
+    def chat_prompt(self, messages: Iterable[tuple[str, str]]) -> str:
+        """The prompt of (role, content) messages by the model's own chat template (Jinja,
+        rendered sandboxed as transformers renders it), with the assistant's turn opened."""
+        if self.chat_template is None:
+            raise ValueError("this model has no chat template: send a prompt, not messages")
+        template = _jinja().from_string(self.chat_template)
+        return template.render(
+            messages=[{"role": role, "content": content} for role, content in messages],
+            add_generation_prompt=True,
+            bos_token=self.spec.tokens[self.spec.bos_id] if self.spec.bos_id is not None else "",
+            eos_token=self.spec.tokens[self.eos_token_id] if self.spec.tokens else "",
+        )
+
     def is_special(self, token_id: int) -> bool:
         return token_id in self._special
 
@@ -155,6 +168,12 @@ class StreamDecoder:
             return ""
         self._pending = []
         return text
+
+
+def _jinja():
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    return ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
 
 
 def _byte_level_bpe(spec: TokenizerSpec) -> Tokenizer:

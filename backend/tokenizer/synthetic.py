@@ -30,6 +30,8 @@ from collections.abc import Iterable
 
 import xxhash
 
+from backend.tokenizer.chat import apply_chat_template
+
 EOS_TOKEN_ID = 0
 CHUNK_BYTES = 6
 MAX_CACHED_PIECES = 65_536
@@ -95,11 +97,24 @@ class SyntheticTokenizer:
             return ""
         return _spell(token_id - 1) + " "
 
+    def stream_decoder(self) -> "_TokenByToken":
+        """Streamed text: every id is a whole word, so each token's text goes out at once."""
+        return _TokenByToken(self)
+
+    def chat_prompt(self, messages: Iterable[tuple[str, str]]) -> str:
+        """The prompt of (role, content) messages, by the built-in template (chat.py)."""
+        return apply_chat_template(messages)
+
     def _word_id(self, piece: str) -> int | None:
         if len(piece) > self._max_word_chars or not _VOCAB_WORD.fullmatch(piece):
             return None
         index = _unspell(piece[:-1])
         return index + 1 if index < self._num_words else None
+
+
+class _TokenByToken:
+    def __init__(self, tokenizer: SyntheticTokenizer) -> None:
+        self.feed = tokenizer.token_text
 
 
 def _spell(index: int) -> str:

@@ -28,13 +28,19 @@ def _commands(command: Any) -> Iterator[Any]:
             yield from _commands(sub)
 
 
-KNOWN = {"--help"} | {
-    option
-    for command in _commands(typer.main.get_command(app))
-    for param in command.params
-    for option in (*param.opts, *param.secondary_opts)
-    if option.startswith("--")
-}
+# Other programs' options our messages tell users to type (pip, for the model's weights).
+THEIRS = {"--no-deps"}
+KNOWN = (
+    {"--help"}
+    | THEIRS
+    | {
+        option
+        for command in _commands(typer.main.get_command(app))
+        for param in command.params
+        for option in (*param.opts, *param.secondary_opts)
+        if option.startswith("--")
+    }
+)
 
 
 def _named_options() -> Iterator[tuple[str, int, str]]:

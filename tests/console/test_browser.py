@@ -116,9 +116,9 @@ def console_url(backend, screenshot_traffic, tmp_path_factory):
     # Not the checkout's data/secrets.env: a `kvcentric up` run before the tests left one,
     # whose admin token would pre-fill the sidebar.
     no_secrets = folder / "no-secrets.env"
+    command = [KVCENTRIC, "console", "--backend", backend.url, "--port", str(port)]
     process = subprocess.Popen(
-        [KVCENTRIC, "console", "--backend", backend.url, "--port", str(port),
-         "--secrets-file", str(no_secrets)],  # fmt: skip
+        [*command, "--secrets-file", str(no_secrets)],
         stdout=log,
         stderr=subprocess.STDOUT,
         env=env,

@@ -48,11 +48,12 @@ class AgentProcess:
         *extra: str,
         block_size: int = 64,
         env: dict[str, str] | None = None,
+        model: str = "tiny",
     ) -> None:
         self.secret = secret
         args = [
             KVCENTRIC, "agent", "--role", role, "--listen", "127.0.0.1:0",
-            "--data-listen", "127.0.0.1:0", "--preset", "tiny",
+            "--data-listen", "127.0.0.1:0", "--model", model,
             "--block-size", str(block_size), "--secret", secret, *extra,
         ]  # fmt: skip
         self.process = subprocess.Popen(

@@ -51,16 +51,17 @@ def conductor_stack(
 
 @contextmanager
 def runtime_stack(
-    settings: ConductorSettings, roles: Sequence[str], cost: CostModel
+    settings: ConductorSettings, roles: Sequence[str], cost: CostModel, *, model: str = "tiny"
 ) -> Iterator[Stack]:
-    """A runtime without a database on `cost`, its app and agents. The model stays `cost`
-    (calibration measures but does not refit) unless the settings turn `calibrate` on."""
+    """A runtime without a database on `cost`, its app and agents serving `model`. The cost
+    model stays `cost` (calibration measures but does not refit) unless the settings turn
+    `calibrate` on."""
     if "calibrate" not in settings.model_fields_set:
         settings = settings.model_copy(update={"calibrate": False})
     runtime = ConductorRuntime(settings, cost, grpc_address="127.0.0.1:0").start()
     try:
         app = create_app(settings, runtime=runtime)
-        with _agents_and_server(runtime, app, roles, settings) as stack:
+        with _agents_and_server(runtime, app, roles, settings, model) as stack:
             yield stack
     finally:
         runtime.stop()
@@ -68,7 +69,11 @@ def runtime_stack(
 
 @contextmanager
 def _agents_and_server(
-    runtime: ConductorRuntime, app: FastAPI, roles: Sequence[str], settings: ConductorSettings
+    runtime: ConductorRuntime,
+    app: FastAPI,
+    roles: Sequence[str],
+    settings: ConductorSettings,
+    model: str = "tiny",
 ) -> Iterator[Stack]:
     assert settings.agent_secret is not None
     secret = settings.agent_secret.get_secret_value()
@@ -77,7 +82,10 @@ def _agents_and_server(
     thread: threading.Thread | None = None
     try:
         agents = wait_all(
-            [AgentProcess(role, secret, "--conductor", runtime.address) for role in roles]
+            [
+                AgentProcess(role, secret, "--conductor", runtime.address, model=model)
+                for role in roles
+            ]
         )
         deadline = time.monotonic() + JOIN_TIMEOUT_S
         while len(runtime.agents()) < len(roles):

@@ -17,16 +17,32 @@ from backend.api.routes.serving import (
 from backend.api.schemas.convert import ApiLimits, InvalidRequest
 from backend.runtime import ConductorRuntime
 from backend.settings.conductor import ConductorSettings
-from backend.tokenizer import SyntheticTokenizer
+from backend.tokenizer import SyntheticTokenizer, Tokenizer
 
 
-def default_limits(settings: ConductorSettings) -> ApiLimits:
+def served_tokenizer(served_model: str) -> Tokenizer:
+    """The tokenizer of the model the API serves: a real model's own (by its registry name
+    or path, agents.model.registry), else the synthetic one of the dummy presets."""
+    from agents.model.registry import resolve_model
+    from backend.tokenizer.model_tokenizer import ModelTokenizer
+
+    try:
+        source = resolve_model(served_model)
+    except ValueError:
+        return SyntheticTokenizer(VOCAB_SIZE)  # a name of the operator's choosing, dummies
+    if source.checkpoint is None:
+        assert source.config is not None
+        return SyntheticTokenizer(source.config.vocab_size)
+    return ModelTokenizer.from_checkpoint(source.checkpoint)
+
+
+def default_limits(settings: ConductorSettings, vocab_size: int = VOCAB_SIZE) -> ApiLimits:
     """The API's limits as the settings give them (served_model, max_*_tokens)."""
     return ApiLimits(
         models=(settings.served_model,),
         max_input_tokens=settings.max_input_tokens,
         max_output_tokens=settings.max_output_tokens,
-        vocab_size=VOCAB_SIZE,
+        vocab_size=vocab_size,
         block_size=settings.block_size,
     )
 
@@ -36,7 +52,10 @@ def include_routes(
 ) -> None:
     """Mount the serving routes on an app made by `create_app` (which set its metrics)."""
     settings = app.state.settings
-    limits = limits or default_limits(settings)
+    tokenizer = served_tokenizer(settings.served_model)
+    if limits is not None and isinstance(tokenizer, SyntheticTokenizer):
+        tokenizer = SyntheticTokenizer(limits.vocab_size)
+    limits = limits or default_limits(settings, tokenizer.vocab_size)
     if limits.block_size != runtime.config.block_size:  # the API hands the runtime its keys
         raise ValueError(
             f"the API's block size {limits.block_size} != the runtime's {runtime.config.block_size}"
@@ -44,7 +63,7 @@ def include_routes(
     app.state.served = Served(
         runtime=runtime,
         limits=limits,
-        tokenizer=SyntheticTokenizer(limits.vocab_size),
+        tokenizer=tokenizer,
         metrics=app.state.metrics,
         default_ttft_slo_s=settings.ttft_slo_s,
         default_tbt_slo_s=settings.tbt_slo_s,

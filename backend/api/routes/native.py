@@ -57,8 +57,9 @@ async def create_native_request(body: NativeRequest, principal: ApiKey, served: 
     if prepared.stream:
 
         async def events() -> AsyncIterator[bytes]:
+            decoder = served.tokenizer.stream_decoder()
             async for token in relay(served, stream):
-                text = served.tokenizer.token_text(token)
+                text = decoder.feed(token)
                 yield sse_event(NativeChunk(id=request_id, token_ids=[token], text=text))
             if ended_badly(stream) is not None:
                 yield stream_error_event(stream)

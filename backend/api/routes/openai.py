@@ -152,8 +152,9 @@ async def create_chat_completion(
 async def _text_deltas(served: Served, stream: RequestStream, stop: StopText) -> AsyncIterator[str]:
     """The streamed text, token by token, cut at the first stop sequence; the tail `stop`
     held back comes last when the request completed."""
+    decoder = served.tokenizer.stream_decoder()
     async for token in relay(served, stream):
-        if text := stop.feed(served.tokenizer.token_text(token)):
+        if text := stop.feed(decoder.feed(token)):
             yield text
         if stop.stopped:
             return  # the relay's thread still records the outcome

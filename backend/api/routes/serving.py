@@ -30,7 +30,7 @@ from backend.api.schemas.errors import ErrorBody, RejectionBody
 from backend.metrics import ConductorMetrics
 from backend.policy.effects import Reject
 from backend.runtime import ConductorRuntime, RequestLogUnavailable, RequestStream, Sampling
-from backend.tokenizer import SyntheticTokenizer
+from backend.tokenizer import Tokenizer
 
 DEFAULT_MODEL = "tiny"
 DEFAULT_MAX_INPUT_TOKENS = 4096
@@ -46,7 +46,7 @@ class Served:
 
     runtime: ConductorRuntime
     limits: ApiLimits
-    tokenizer: SyntheticTokenizer
+    tokenizer: Tokenizer
     metrics: ConductorMetrics
     default_ttft_slo_s: float
     default_tbt_slo_s: float
@@ -119,7 +119,9 @@ async def submit(
         ttft_slo_s=ttft_slo_s,
         tbt_slo_s=tbt_slo_s,
     )
-    sampling = Sampling(temperature=prepared.temperature, seed=prepared.seed or 0)
+    sampling = Sampling(
+        temperature=prepared.temperature, seed=prepared.seed or 0, ignore_eos=prepared.ignore_eos
+    )
     # On the event loop: submit only decides and queues (agent RPCs and the request log run
     # on other threads), in tens of microseconds; a thread round trip would cost more.
     try:

