@@ -100,7 +100,12 @@ def _read_gguf(path: Path) -> Checkpoint:
     from gguf import GGUFReader
     from gguf.quants import dequantize
 
-    reader = GGUFReader(path)
+    try:
+        reader = GGUFReader(path)
+    except Exception as error:  # the reader raises what its parser met: say which file
+        raise CheckpointError(
+            f"{path.name}: not a readable GGUF file (truncated or damaged?): {error}"
+        ) from None
 
     def value(key: str, default: object = KeyError) -> object:
         found = reader.fields.get(key)

@@ -77,11 +77,12 @@ def agent_child(
     env: dict[str, str],
     logs: Path,
     torch_threads: int | None = None,
+    model: str = "tiny",
 ) -> Child:
-    """A `tiny` agent on free loopback ports that joins `conductor` ("host:port")."""
+    """An agent serving `model` on free loopback ports that joins `conductor` ("host:port")."""
     args = [
         KVCENTRIC, "agent", "--role", role, "--listen", "127.0.0.1:0",
-        "--data-listen", "127.0.0.1:0", "--preset", "tiny", "--instance-id", instance_id,
+        "--data-listen", "127.0.0.1:0", "--model", model, "--instance-id", instance_id,
         "--block-size", str(block_size), "--conductor", conductor,
     ]  # fmt: skip
     if torch_threads is not None:

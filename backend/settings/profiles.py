@@ -9,8 +9,14 @@ from typing import Any
 
 # "paper": LLaMA2-70B on 8 A800s (the roofline the twin derives, docs/twin-timing.md);
 # "tiny-cpu": the `tiny` agents measured by `kvcentric profile` on this project's reference
-# 2-core CPU machine, what `kvcentric up` starts from before its calibration takes over.
-BUILTIN_PROFILES = {"paper": "paper-llama2-70b-8xa800.json", "tiny-cpu": "tiny-cpu.json"}
+# 2-core CPU machine, what `kvcentric up` starts from before its calibration takes over;
+# "smollm2-cpu": the real SmolLM2-135M the same way (`kvcentric profile --model smollm2-135m
+# --quick --block-size 16`, an AMD EPYC 2-core machine), for `kvcentric up --model`.
+BUILTIN_PROFILES = {
+    "paper": "paper-llama2-70b-8xa800.json",
+    "tiny-cpu": "tiny-cpu.json",
+    "smollm2-cpu": "smollm2-cpu.json",
+}
 
 
 def profile_path(profile: str) -> Path:

@@ -51,7 +51,10 @@ def read_tokenizer_spec(path: Path | str) -> TokenizerSpec:
         raise TokenizerError(f"{path}: not a .gguf file or a checkpoint folder")
     from gguf import GGUFReader
 
-    fields = GGUFReader(path).fields
+    try:
+        fields = GGUFReader(path).fields
+    except Exception as error:  # the reader raises what its parser met: say which file
+        raise TokenizerError(f"{path.name}: not a readable GGUF file: {error}") from None
 
     def value(key: str, default: object = KeyError) -> object:
         if key not in fields:
