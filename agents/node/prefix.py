@@ -1,10 +1,10 @@
 """Gathering a prefill's reused prefix: local blocks from the shard, then fetched ones.
 
-The plan's keys must be the prompt's leading block keys. A local key the shard does not
-hold is the dispatcher's error (its index was stale) and fails the dispatch; a block that
-fails its checksum, or a fetch that fails, only shortens the prefix: the prefill then
-computes those tokens itself. Reuse must be contiguous, so everything after the first lost
-block is recomputed too.
+The plan's keys must be the prompt's leading block keys. A local block the shard no longer
+holds (the Conductor's index lags the shard's evictions by up to a heartbeat), a block that
+fails its checksum, or a fetch that fails only shortens the prefix: the prefill then
+computes those tokens itself, and a missing block is reported evicted so the index forgets
+it. Reuse must be contiguous, so everything after the first lost block is recomputed too.
 """
 
 import logging
@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from agents.pool import CorruptBlock, KvEvent, KvPoolShard, MissingBlock
 from agents.transport import CorruptBlocksError, Transport, TransportError
 from backend.policy.effects import CachePlan
+from backend.policy.events import KvEvicted
 
 logger = logging.getLogger(__name__)
 
@@ -96,11 +97,13 @@ def _load_local(shard: KvPoolShard, keys: tuple[int, ...], now_s: float, prefix:
     try:
         loaded = shard.load(keys, now_s)
     except MissingBlock as missing:
-        raise PlanError(
-            "FAILED_PRECONDITION",
-            f"{missing}: the plan's local block {missing.key:#x} is not in this shard "
-            "(stale index?); dispatch again with a plan this shard can serve",
-        ) from None
+        logger.info("%s (evicted since the plan was made); recomputing from there", missing)
+        prefix.events.append(KvEvicted(now_s, shard.instance_id, (missing.key,)))
+        good = keys[: keys.index(missing.key)]
+        prefix.recomputed_keys.extend(keys[len(good) :])
+        if good:
+            _load_local(shard, good, now_s, prefix)
+        return
     except CorruptBlock as corrupt:
         logger.warning("%s; recomputing from there", corrupt)
         prefix.events.extend(corrupt.events)

@@ -115,3 +115,52 @@ def pipeline(
         preset, context_tokens, num_stages, prefill_chunk_tokens=chunk_tokens
     )
     _report("chunked pipeline prefill", result, as_json)
+
+
+@bench_app.command("against-transformers")
+def against_transformers(
+    model: str = typer.Option("smollm2-135m", "--model", help="A real model or checkpoint path."),
+    prefill_tokens: str = typer.Option("512,2048,4096", "--prefill-tokens", help="Prompt sizes."),
+    batch_sizes: str = typer.Option("1,2,4,8,16,32", "--batch-sizes", help="Decode batches."),
+    context_tokens: int = typer.Option(256, "--context", min=1, help="Context per request."),
+    as_json: bool = _json_option(),
+) -> None:
+    """Prefill tokens/s and decode step time of our workers against transformers' forward on
+    the same real model, inputs and threads, in one process (ratio > 1: ours is faster),
+    and the resident memory the model costs an agent."""
+    from agents.bench.against_transformers import against_transformers_benchmark
+
+    try:
+        sizes = tuple(int(part) for part in prefill_tokens.split(","))
+        batches = tuple(int(part) for part in batch_sizes.split(","))
+    except ValueError:
+        typer.echo("error: --prefill-tokens and --batch-sizes are comma-separated integers")
+        raise typer.Exit(2) from None
+    try:
+        result = against_transformers_benchmark(
+            model, prefill_tokens=sizes, batch_sizes=batches, context_tokens=context_tokens
+        )
+    except ValueError as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(2) from None
+    if as_json:
+        typer.echo(json.dumps(result))
+        return
+    rows = {
+        **{
+            f"prefill {p['tokens']} tokens (tokens/s ours / transformers)": (
+                f"{p['ours_tokens_per_s']:.0f} / {p['transformers_tokens_per_s']:.0f} "
+                f"(ratio {p['ratio']:.2f})"
+            )
+            for p in result["prefill"]
+        },
+        **{
+            f"decode step, batch {d['batch_size']} (ms ours / transformers)": (
+                f"{d['ours_s'] * 1e3:.1f} / {d['transformers_s'] * 1e3:.1f} "
+                f"(ratio {d['ratio']:.2f})"
+            )
+            for d in result["decode"]
+        },
+        "model resident memory (MiB)": f"{result['model_rss_bytes'] / 2**20:.0f}",
+    }
+    _print_table(f"{model}: ours against transformers", rows)

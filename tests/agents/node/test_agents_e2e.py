@@ -12,6 +12,7 @@ from agents.model import PagedKv, build_model
 from agents.workers import DecodeRequest, DecodeWorker
 from backend.policy.blocks import block_keys
 from backend.policy.effects import CachePlan, DispatchPrefill, FetchSpan
+from backend.policy.events import KvEvicted
 from backend.rpc import agent_pb2 as pb
 from backend.rpc.convert import dispatch_prefill_to_proto, kv_events_from_proto
 from tests.harness.agents import AgentProcess, start_agents
@@ -98,17 +99,21 @@ def test_fetch_reuse_matches_cold_prefill_and_decode_streams_reference(cluster, 
     assert not b.stub.GetState(pb.GetStateRequest(take_events=True)).events
 
 
-def test_missing_local_key_is_a_clear_error_and_the_agent_keeps_serving(cluster) -> None:
+def test_a_local_block_evicted_since_the_plan_is_recomputed_and_reported(cluster) -> None:
+    """The Conductor's index lags the shard's evictions by up to a heartbeat: a plan naming a
+    block the shard no longer holds prefills anyway (those tokens computed) and tells the
+    index the block is gone, instead of failing the request."""
     a, _, _ = cluster
+    a.stub.GetState(pb.GetStateRequest(take_events=True))  # drop earlier tests' events
     prompt = list(range(1, 2 * BLOCK + 5))
     keys = block_keys(prompt, BLOCK)
     plan = CachePlan((keys[0],), None, BLOCK, len(prompt) - BLOCK)
-    with pytest.raises(grpc.RpcError) as error:
-        a.stub.DispatchPrefill(_dispatch(plan, "r3", a, prompt, {}))
-    assert error.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-    assert f"{keys[0]:#x}" in error.value.details()
-    reply = a.stub.DispatchPrefill(_dispatch(CachePlan((), None, 0, 0), "r4", a, prompt, {}))
-    assert reply.num_tokens == len(prompt)
+    reply = a.stub.DispatchPrefill(_dispatch(plan, "r3", a, prompt, {}))
+    assert reply.num_tokens == len(prompt) and reply.num_reused_tokens == 0
+    assert list(reply.recomputed_keys) == [keys[0]]
+    events = kv_events_from_proto(a.stub.GetState(pb.GetStateRequest(take_events=True)).events)
+    assert any(isinstance(e, KvEvicted) and keys[0] in e.keys for e in events), events
+    assert keys[0] in reply.stored_keys  # computed now, so stored again
 
 
 def test_plan_keys_must_be_the_prompt_prefix(cluster) -> None:
