@@ -81,13 +81,14 @@ def _ours(num_layers: int) -> dict[str, tuple[list[str], list[str]]]:
     return names
 
 
-def read_checkpoint(path: Path | str) -> Checkpoint:
-    """A `.gguf` file or a folder with `config.json` and `*.safetensors`."""
+def read_checkpoint(path: Path | str, *, weights: bool = True) -> Checkpoint:
+    """A `.gguf` file or a folder with `config.json` and `*.safetensors`; with `weights`
+    False only its shape (no tensor is read)."""
     path = Path(path)
     if path.is_dir():
-        return _read_hf_folder(path)
+        return _read_hf_folder(path, weights)
     if path.suffix == ".gguf" and path.is_file():
-        return _read_gguf(path)
+        return _read_gguf(path, weights)
     if not path.exists():
         raise CheckpointError(f"no checkpoint at {path}")
     raise CheckpointError(
@@ -96,7 +97,7 @@ def read_checkpoint(path: Path | str) -> Checkpoint:
     )
 
 
-def _read_gguf(path: Path) -> Checkpoint:
+def _read_gguf(path: Path, weights: bool) -> Checkpoint:
     from gguf import GGUFReader
     from gguf.quants import dequantize
 
@@ -133,12 +134,12 @@ def _read_gguf(path: Path) -> Checkpoint:
         tied_embeddings=not any(t.name == "output.weight" for t in reader.tensors),
     )
     tensors: dict[str, np.ndarray] = {}
-    for tensor in reader.tensors:
-        weights = dequantize(tensor.data, tensor.tensor_type)
+    for tensor in reader.tensors if weights else ():
+        values = dequantize(tensor.data, tensor.tensor_type)
         if tensor.name.endswith(("attn_q.weight", "attn_k.weight")):
             heads = config.num_heads if "attn_q" in tensor.name else config.num_kv_heads
-            weights = _unpermute_rotary(weights, heads)
-        tensors[tensor.name] = weights
+            values = _unpermute_rotary(values, heads)
+        tensors[tensor.name] = values
     return Checkpoint(config, path, "gguf", tensors)
 
 
@@ -150,7 +151,7 @@ def _unpermute_rotary(weights: np.ndarray, num_heads: int) -> np.ndarray:
     return weights.reshape(num_heads, half, 2, cols).swapaxes(1, 2).reshape(rows, cols)
 
 
-def _read_hf_folder(folder: Path) -> Checkpoint:
+def _read_hf_folder(folder: Path, weights: bool) -> Checkpoint:
     from safetensors.numpy import load_file
 
     config_file = folder / "config.json"
@@ -188,7 +189,7 @@ def _read_hf_folder(folder: Path) -> Checkpoint:
         if found:
             raise CheckpointError(f"{config_file}: {what} {hf.get(what, rope)!r} is not supported")
     tensors: dict[str, np.ndarray] = {}
-    for file in files:
+    for file in files if weights else ():
         tensors.update(load_file(file))
     return Checkpoint(config, folder, "safetensors", tensors)
 
@@ -223,8 +224,8 @@ def state_dict(checkpoint: Checkpoint, dtype: torch.dtype) -> dict[str, torch.Te
     expected = expected_shapes(config)
     for ours, names in _ours(config.num_layers).items():
         parts = names[column]
-        if ours == "lm_head" and config.tied_embeddings and parts[0] not in checkpoint.tensors:
-            parts = _GLOBAL["embedding"][column]
+        if ours == "lm_head" and config.tied_embeddings:
+            continue  # the model's head is its embedding (one parameter)
         missing = [p for p in parts if p not in checkpoint.tensors]
         if missing:
             raise CheckpointError(f"{checkpoint.source.name}: no tensor {missing[0]!r}")

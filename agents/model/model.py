@@ -55,7 +55,10 @@ class LlamaModel(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(config, *args) for _ in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, self.device, self.dtype)
         # The output head is an ordinary (vocab, hidden) weight drawn N(0, 1/hidden).
-        self.lm_head = seeded_weight((config.vocab_size, config.hidden_size), *args)
+        if config.tied_embeddings:  # one tensor, as the checkpoint has (saves vocab x hidden)
+            self.lm_head = self.embedding
+        else:
+            self.lm_head = seeded_weight((config.vocab_size, config.hidden_size), *args)
 
     @torch.no_grad()
     def load_weights(self, state: dict[str, torch.Tensor]) -> None:

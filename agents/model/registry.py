@@ -42,6 +42,15 @@ class ModelSource:
     def dummy(self) -> bool:
         return self.checkpoint is None
 
+    def model_config(self) -> ModelConfig:
+        """The model's shape: the preset's, or the checkpoint's (its weights not read)."""
+        if self.checkpoint is None:
+            assert self.config is not None
+            return self.config
+        from agents.model.checkpoint import read_checkpoint
+
+        return read_checkpoint(self.checkpoint, weights=False).config
+
     def stop_token_ids(self) -> frozenset[int]:
         """The tokens that end a generation: a real model's end of sequence (from its
         tokenizer's metadata); none for a dummy preset."""

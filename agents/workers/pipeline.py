@@ -23,8 +23,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from agents.model import LayerKv, get_preset
+from agents.model import LayerKv
 from agents.model.model import default_device, default_dtype
+from agents.model.registry import resolve_model
 from agents.workers.kv_io import BlockSink
 from agents.workers.pipeline_stage import CLOSE, PROMPT, WHOLE, StageSpec, encode, stage_main
 from agents.workers.pipeline_stage import tensor_from as _tensor_from
@@ -91,7 +92,7 @@ class PipelineGroup:
         timeout_s: float = 60.0,
         start_timeout_s: float = 120.0,
     ) -> None:
-        self.config = get_preset(preset)
+        self.config = resolve_model(preset).model_config()
         self.ranges = split_layers(self.config.num_layers, num_stages)
         for name, value in (
             ("block_size", block_size),

@@ -6,7 +6,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from agents.model import get_preset
+from agents.model.registry import resolve_model
 from agents.workers.pipeline import PipelineGroup
 
 
@@ -29,7 +29,9 @@ def pipeline_benchmark(
     if context_tokens <= prefill_chunk_tokens:
         raise ValueError("context_tokens must exceed prefill_chunk_tokens to be pipelined")
     tokens = torch.from_numpy(
-        np.random.default_rng(seed).integers(0, get_preset(preset).vocab_size, context_tokens)
+        np.random.default_rng(seed).integers(
+            0, resolve_model(preset).model_config().vocab_size, context_tokens
+        )
     )
     times: dict[bool, list[float]] = {False: [], True: []}
     with PipelineGroup(

@@ -138,3 +138,33 @@ def test_streamed_text_never_splits_a_character(tokenizer):
     assert "".join(pieces) == text
     assert not any("\ufffd" in piece for piece in pieces)
     assert any(piece == "" for piece in pieces)  # some tokens hold part of a character
+
+
+def test_chunked_pipeline_prefill_gives_the_same_tokens(model, reference, tokenizer):
+    """Two stage processes of 15 layers each, the prompt in chunks of 32 tokens flowing
+    through them; its KV then decodes in one worker."""
+    from agents.model import PagedKv
+    from agents.workers.pipeline import PipelineGroup
+
+    prompt = chat_prompt(
+        tokenizer,
+        "Here is a short story. A lighthouse keeper on a small island kept a log of every "
+        "ship that passed. One winter night a ship came without lights, and he rang the "
+        "bell until dawn. Tell me, in one sentence, why he rang the bell.",
+    )
+    assert len(prompt) > 32, "several chunks"
+    with PipelineGroup(
+        MODEL, 2, block_size=BLOCK_SIZE, prefill_chunk_tokens=32, device="cpu"
+    ) as group:
+        result = group.prefill(prompt)
+    assert result.is_pipelined and result.num_chunks > 1
+    expected = reference_greedy(reference, prompt, NUM_TOKENS)
+    assert int(result.logits.argmax()) == expected[0]
+    outputs: dict[str, tuple[int, ...]] = {}
+    worker = DecodeWorker(
+        model, on_finish=lambda outcome: outputs.__setitem__("r", outcome.output_tokens)
+    )
+    kv = PagedKv.from_layers(list(result.layers), BLOCK_SIZE)
+    worker.submit(DecodeRequest("r", kv, expected[0], NUM_TOKENS))
+    worker.run_until_idle()
+    assert list(outputs["r"]) == expected
