@@ -15,7 +15,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse
 from starlette.exceptions import HTTPException
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -53,7 +53,9 @@ def create_app(
         title="kvcentric Conductor",
         summary="KVCache-centric, prefill/decode-disaggregated LLM serving (after Mooncake)",
         version="0.1.0",
+        docs_url=None,  # served below from the package: no CDN, so /docs works offline
     )
+    _serve_docs_offline(app)
     app.state.settings = settings
     app.state.authenticator = Authenticator.from_settings(settings)
     app.state.readiness_checks = dict(readiness_checks or {})
@@ -100,6 +102,26 @@ def create_app(
         include_routes(app, runtime, limits=limits)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
+
+
+def _serve_docs_offline(app: FastAPI) -> None:
+    """Swagger UI at /docs from the swagger-ui-bundle package's files, not a CDN (FastAPI's
+    default page is blank on a machine without internet)."""
+    from fastapi.openapi.docs import get_swagger_ui_html
+    from fastapi.staticfiles import StaticFiles
+    from swagger_ui_bundle import swagger_ui_path
+
+    app.mount("/docs-assets", StaticFiles(directory=str(swagger_ui_path)), name="docs-assets")
+
+    @app.get("/docs", include_in_schema=False)
+    async def docs() -> HTMLResponse:
+        return get_swagger_ui_html(
+            openapi_url=app.openapi_url or "/openapi.json",
+            title=f"{app.title}: API docs",
+            swagger_js_url="/docs-assets/swagger-ui-bundle.js",
+            swagger_css_url="/docs-assets/swagger-ui.css",
+            swagger_favicon_url="/docs-assets/favicon-32x32.png",
+        )
 
 
 def _openapi(app: FastAPI) -> dict[str, Any]:
@@ -196,6 +218,10 @@ async def _on_validation_error(request: Request, error: Exception) -> JSONRespon
     if len(fields) > _MAX_FIELD_ERRORS_IN_MESSAGE:
         summary += f"; and {len(fields) - _MAX_FIELD_ERRORS_IN_MESSAGE} more"
     param = fields[0]["field"].removeprefix("body.") if fields else None
+    if any(details.get("type") == "json_invalid" for details in error.errors()):
+        # Not JSON at all: 400, as OpenAI answers (422 is for JSON whose fields are wrong).
+        body = error_body(400, f"invalid request: {summary}", code="invalid_json")
+        return JSONResponse(body, status_code=400)
     body = error_body(422, f"invalid request: {summary}", code="validation_error", param=param)
     body["error"]["fields"] = fields
     return JSONResponse(body, status_code=422)

@@ -158,7 +158,7 @@ class ConductorSettings(BaseSettings):
     # and output it accepts (longer ones get 400 before anything is admitted).
     served_model: str = Field(default="tiny", min_length=1, max_length=128)
     max_input_tokens: int = Field(default=4096, gt=0)
-    max_output_tokens: int = Field(default=1024, gt=0)
+    max_output_tokens: int = Field(default=1024, gt=0, le=131_072)  # schemas' MAX_TOKENS_CAP
 
     # REST bodies above this many bytes are refused with 413 before they are read.
     max_request_body_bytes: int = Field(default=8 << 20, ge=1024)

@@ -94,11 +94,12 @@ def test_an_early_rejection_is_429_with_reason_stage_and_retry_after(served):
 @pytest.mark.parametrize(
     ("body", "status"),
     [
-        (b"{not json", 422),
+        (b"{not json", 400),
         (b'{"model": "tiny"}', 422),  # no prompt
         (b'{"model": "tiny", "prompt": "hi", "max_tokens": 0}', 422),
         (b'{"model": "nope", "prompt": "hi"}', 404),
         (b'{"model": "tiny", "prompt": "hi", "max_tokens": 5000}', 400),
+        (b'{"model": "tiny", "prompt": "hi", "max_tokens": 1000000000}', 400),  # one limit
         (b'{"model": "tiny", "prompt": [1, 99999]}', 400),
     ],
 )
@@ -157,3 +158,48 @@ def test_a_stop_sequence_cuts_the_text_and_finishes_with_stop(served, stream):
         choice = client.completions.create(**asked, stop=[stop]).choices[0]
         text, reason = choice.text, choice.finish_reason
     assert (text, reason) == (expected, "stop")
+
+
+def test_what_openai_clients_send_by_default_is_honoured_or_clearly_refused(served):
+    """Gaps found with the official client: one model's card, its creation time, the
+    developer role, response_format text and an empty tool list; JSON output and real tools
+    get a 4xx that says what is not supported."""
+    url, _ = served
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key=API_KEY, max_retries=0)
+    card = client.models.retrieve("tiny")
+    assert card.id == "tiny" and card.created > 0
+    assert client.models.list().data[0].created == card.created
+    with pytest.raises(openai.NotFoundError, match="not served here"):
+        client.models.retrieve("gpt-4")
+    reply = client.chat.completions.create(
+        model="tiny",
+        messages=[
+            {"role": "developer", "content": "be brief"},
+            {"role": "user", "content": "hi"},
+        ],
+        max_tokens=2,
+        response_format={"type": "text"},
+        tools=[],
+        tool_choice="none",
+    )
+    assert reply.choices[0].message.content
+    with pytest.raises(openai.UnprocessableEntityError, match="only 'text'"):
+        client.chat.completions.create(
+            model="tiny",
+            messages=[{"role": "user", "content": "hi"}],
+            response_format={"type": "json_object"},
+        )
+    tool = {"type": "function", "function": {"name": "f", "parameters": {}}}
+    with pytest.raises(openai.UnprocessableEntityError, match="tools are not supported"):
+        client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "hi"}], tools=[tool]
+        )
+
+
+def test_the_api_docs_page_loads_its_assets_from_the_server(served):
+    url, _ = served
+    page = httpx.get(f"{url}/docs")
+    assert page.status_code == 200 and "/docs-assets/swagger-ui-bundle.js" in page.text
+    assert "cdn" not in page.text.lower()
+    script = httpx.get(f"{url}/docs-assets/swagger-ui-bundle.js")
+    assert script.status_code == 200 and len(script.content) > 100_000

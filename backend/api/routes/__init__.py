@@ -4,6 +4,8 @@
 `backend.api.schemas.convert`), submit and relay: the policy decides in the runtime.
 """
 
+import time
+
 from fastapi import FastAPI
 
 from backend.api.routes import admin, calibration, live, native, observe, openai
@@ -68,6 +70,7 @@ def include_routes(
         default_ttft_slo_s=settings.ttft_slo_s,
         default_tbt_slo_s=settings.tbt_slo_s,
         submitted={},
+        started_at=int(time.time()),
     )
     app.add_exception_handler(Rejected, on_rejected)
     app.add_exception_handler(InvalidRequest, on_invalid_request)

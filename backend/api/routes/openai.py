@@ -6,7 +6,7 @@ With `stream: true` the answer is server-sent events in OpenAI's format, ending 
 
 from collections.abc import AsyncIterator, Sequence
 
-from fastapi import APIRouter
+from fastapi import APIRouter, HTTPException
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from backend.api.auth import ApiKey
@@ -44,6 +44,7 @@ from backend.api.schemas.convert import (
     sse_event,
     usage,
 )
+from backend.api.schemas.errors import ErrorBody
 from backend.api.stops import StopText
 from backend.runtime import RequestStream
 
@@ -55,8 +56,21 @@ _SSE = "text/event-stream"
 
 @router.get("/models", summary="The served models")
 async def list_models(principal: ApiKey, served: ServedDep) -> ModelList:
-    created = 0
-    return ModelList(data=[ModelCard(id=name, created=created) for name in served.limits.models])
+    return ModelList(
+        data=[ModelCard(id=name, created=served.started_at) for name in served.limits.models]
+    )
+
+
+@router.get(
+    "/models/{model}",
+    summary="One served model",
+    responses={404: {"model": ErrorBody, "description": "Not a served model"}},
+)
+async def retrieve_model(model: str, principal: ApiKey, served: ServedDep) -> ModelCard:
+    if model not in served.limits.models:
+        served_names = ", ".join(served.limits.models)
+        raise HTTPException(404, f"model {model!r} is not served here (served: {served_names})")
+    return ModelCard(id=model, created=served.started_at)
 
 
 @router.post(

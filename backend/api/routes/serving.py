@@ -51,6 +51,7 @@ class Served:
     default_ttft_slo_s: float
     default_tbt_slo_s: float
     submitted: dict[str, "Submitted"]
+    started_at: int = 0  # Unix time the API started serving (a model card's `created`)
 
 
 @dataclass(frozen=True, slots=True)

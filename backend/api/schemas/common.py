@@ -11,7 +11,9 @@ MAX_TOKENS_CAP = 131_072
 MAX_STOP_SEQUENCES = 4
 
 TokenId = Annotated[StrictInt, Field(ge=0)]
-MaxTokens = Annotated[StrictInt, Field(ge=1, le=MAX_TOKENS_CAP)]
+# No upper bound here: one limit, the configured max_output_tokens (at most MAX_TOKENS_CAP,
+# backend/settings), checked in convert.py with one status (400) whatever the value.
+MaxTokens = Annotated[StrictInt, Field(ge=1)]
 Temperature = Annotated[float, Field(ge=0.0, le=2.0)]
 # The agents seed their generators with a signed 64-bit integer (agent.proto's int64).
 Seed = Annotated[StrictInt, Field(ge=-(2**63), le=2**63 - 1)]

@@ -138,7 +138,9 @@ def prepare_chat(
     body: ChatCompletionRequest, *, tokenizer: Tokenizer, limits: ApiLimits
 ) -> PreparedRequest:
     model = _served_model(body.model, limits)
-    prompt = tokenizer.chat_prompt([(message.role, message.text) for message in body.messages])
+    prompt = tokenizer.chat_prompt(
+        [(message.template_role, message.text) for message in body.messages]
+    )
     return _prepared(
         model,
         _as_ids(tokenizer.encode(prompt)),

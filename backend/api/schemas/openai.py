@@ -4,8 +4,11 @@ Field names follow OpenAI's API exactly so the official clients work unchanged. 
 refuse unknown fields (OpenAI answers "Unrecognized request argument"), but accept these
 OpenAI fields and ignore them: `top_p`, `presence_penalty`, `frequency_penalty`,
 `logit_bias`, `user`, and on chat also `logprobs` when false and `top_logprobs` when 0 or
-absent. `n` and `best_of` are accepted only as 1, `echo` only as false, `logprobs` (on
-completions) and `suffix` only as null: other values are refused with a message.
+absent; on chat `response_format` of type text, `tools` empty and `tool_choice` none or
+auto (what many client libraries send by default), and the `developer` role (served as
+system). `n` and `best_of` are accepted only as 1, `echo` only as false, `logprobs` (on
+completions) and `suffix` only as null: other values are refused with a message that says
+what is not supported.
 """
 
 from typing import Literal
@@ -26,7 +29,8 @@ from backend.api.schemas.common import (
 )
 from backend.tokenizer import ROLES
 
-Role = Literal["system", "user", "assistant"]
+# "developer" is what newer OpenAI clients send for system instructions: served as system.
+Role = Literal["system", "developer", "user", "assistant"]
 Stop = str | list[str] | None
 
 
@@ -65,9 +69,23 @@ class CompletionRequest(_SamplingFields):
 
     prompt: str | list[str] | list[TokenId]
     best_of: Literal[1] = 1
-    echo: Literal[False] = False
-    logprobs: None = None
+    echo: bool = False
+    logprobs: int | None = None
     suffix: None = None
+
+    @field_validator("echo")
+    @classmethod
+    def _no_echo(cls, echo: bool) -> bool:
+        if echo:
+            raise ValueError("echo is not supported: the prompt is not returned")
+        return echo
+
+    @field_validator("logprobs")
+    @classmethod
+    def _no_logprobs(cls, logprobs: int | None) -> int | None:
+        if logprobs is not None:
+            raise ValueError("logprobs are not supported yet: send null")
+        return logprobs
 
     @field_validator("prompt", mode="before")
     @classmethod
@@ -119,9 +137,14 @@ class ChatMessage(RequestBody):
     @field_validator("role", mode="before")
     @classmethod
     def _check_role(cls, role: object) -> object:
-        if role not in ROLES:
-            raise ValueError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
+        if role not in (*ROLES, "developer"):
+            raise ValueError(f"role must be one of {', '.join(ROLES)} or developer, got {role!r}")
         return role
+
+    @property
+    def template_role(self) -> str:
+        """The role the chat template sees ("developer" is the system role's new name)."""
+        return "system" if self.role == "developer" else self.role
 
     @property
     def text(self) -> str:
@@ -135,8 +158,44 @@ class ChatCompletionRequest(_SamplingFields):
 
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: MaxTokens | None = None
-    logprobs: Literal[False] = False
+    logprobs: bool = False
     top_logprobs: Literal[0] | None = None
+    # Sent by many client libraries by default: plain text and no tools can be honoured.
+    response_format: dict[str, object] | None = None
+    tools: list[dict[str, object]] | None = None
+    tool_choice: str | dict[str, object] | None = None
+    parallel_tool_calls: bool | None = None
+
+    @field_validator("logprobs")
+    @classmethod
+    def _no_logprobs(cls, logprobs: bool) -> bool:
+        if logprobs:
+            raise ValueError("logprobs are not supported yet: send false")
+        return logprobs
+
+    @field_validator("response_format")
+    @classmethod
+    def _only_text(cls, value: dict[str, object] | None) -> dict[str, object] | None:
+        if value is not None and value.get("type") != "text":
+            raise ValueError(
+                f"response_format type {value.get('type')!r} is not supported (only 'text': "
+                "this server does not constrain its output to JSON)"
+            )
+        return value
+
+    @field_validator("tools")
+    @classmethod
+    def _no_tools(cls, value: list[dict[str, object]] | None) -> list[dict[str, object]] | None:
+        if value:
+            raise ValueError("tools are not supported: send none (or an empty list)")
+        return value
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _no_tool_choice(cls, value: object) -> object:
+        if value not in (None, "none", "auto"):
+            raise ValueError("tool_choice must be 'none' or 'auto': tools are not supported")
+        return value
 
     @model_validator(mode="after")
     def _take_max_completion_tokens(self) -> "ChatCompletionRequest":
