@@ -27,6 +27,7 @@ from backend.rpc.auth import SecretInterceptor
 logger = logging.getLogger(__name__)
 
 EXIT_JOIN_S = 2.0  # how long idle worker threads get to end before the exit
+STOP_POLL_S = 0.1  # how often the main thread looks for SIGTERM / SIGINT
 
 
 def serve(settings: AgentSettings, metrics_listen: str | None = None) -> int:
@@ -35,9 +36,12 @@ def serve(settings: AgentSettings, metrics_listen: str | None = None) -> int:
         import torch
 
         torch.set_num_threads(settings.torch_threads)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    # The handlers only record the signal: Event.set() from a handler can deadlock on the
+    # lock Event.wait() holds in the interrupted main thread (seen: an agent that never
+    # stopped after SIGTERM, its main thread in the handler inside stop.wait()).
+    signals: list[int] = []
+    signal.signal(signal.SIGTERM, lambda signum, _: signals.append(signum))
+    signal.signal(signal.SIGINT, lambda signum, _: signals.append(signum))
     # A decode stream holds a thread until its last token: room for a full batch, plus the
     # prefill, pool and state calls.
     rpc_threads = futures.ThreadPoolExecutor(
@@ -77,7 +81,8 @@ def serve(settings: AgentSettings, metrics_listen: str | None = None) -> int:
         )
         heartbeats.start()
         service.flush_events = heartbeats.flush
-    stop.wait()
+    while not signals:
+        time.sleep(STOP_POLL_S)
     logger.info("agent %s: stopping; draining in-flight work", instance_id)
     drained, left = agent.drain(settings.drain_timeout_s)
     if not drained:

@@ -227,7 +227,7 @@ def test_load_errors_are_one_line(tmp_path: Path, content: str, message: str) ->
 
 
 def test_load_errors_for_missing_files_and_bad_roofline_fields(tmp_path: Path) -> None:
-    missing = r"neither a built-in \(paper, tiny-cpu\) nor a file"
+    missing = r"neither a built-in \(paper, tiny-cpu, smollm2-cpu\) nor a file"
     with pytest.raises(ValueError, match=missing) as error:
         load_timing(str(tmp_path / "absent.json"))
     assert "\n" not in str(error.value)

@@ -92,7 +92,7 @@ def test_decode_points_count_the_batch_total_context(profile):
 @pytest.mark.parametrize(
     ("args", "problem"),
     [
-        (["--preset", "huge"], "unknown model preset 'huge'"),
+        (["--preset", "huge"], "unknown model 'huge': not a dummy preset (tiny"),
         (["--out", "/nonexistent-dir/profile.json"], "does not exist"),
         (["--out", "."], "is a directory"),
         (["--ssd-dir", "/nonexistent-ssd"], "--ssd-dir /nonexistent-ssd is not a directory"),
