@@ -28,7 +28,7 @@ import torch
 from agents.bench.threads import compute_threads, torch_threads
 from agents.model import build_model
 from agents.model.registry import resolve_model
-from agents.workers.decode import DecodeRequest, DecodeWorker
+from agents.profiling.compute import time_decode_step
 from agents.workers.prefill import PrefillWorker
 
 
@@ -111,7 +111,7 @@ def against_transformers_benchmark(
         prompt = rng.integers(0, vocab, context_tokens)
         kv = worker.prefill(prompt).paged_kv(block_size)
         for batch_size in batch_sizes:
-            ours_s = _our_step_s(ours, kv, batch_size, num_steps)
+            ours_s = time_decode_step(ours, kv, batch_size, num_steps)
             theirs_s = _their_step_s(theirs, prompt, batch_size, num_steps)
             decode.append(
                 {
@@ -133,19 +133,6 @@ def against_transformers_benchmark(
         "decode": decode,
         "min_ratio": min(point["ratio"] for point in prefill + decode),
     }
-
-
-def _our_step_s(model, kv, batch_size: int, num_steps: int) -> float:
-    worker = DecodeWorker(model, max_batch_size=batch_size)
-    for index in range(batch_size):
-        worker.submit(DecodeRequest(f"r{index}", kv, 1, max_tokens=num_steps + 3))
-    worker.step()  # joins and runs the first step
-    times = []
-    for _ in range(num_steps):
-        started_s = time.perf_counter()
-        worker.step()
-        times.append(time.perf_counter() - started_s)
-    return statistics.median(times)
 
 
 def _their_step_s(reference, prompt: np.ndarray, batch_size: int, num_steps: int) -> float:

@@ -5,15 +5,13 @@ Both use every core for torch (no I/O thread runs beside them) unless told other
 
 import dataclasses
 import statistics
-import time
 from typing import Any
 
 import numpy as np
-import torch
 
 from agents.bench.threads import compute_threads, torch_threads
-from agents.model import LlamaModel, PagedKv, block_shape, build_model
-from agents.workers.decode import DecodeRequest, DecodeWorker
+from agents.model import build_model
+from agents.profiling.compute import synthetic_kv, time_decode_step
 from agents.workers.kv_io import BlockSource
 from agents.workers.prefill import PrefillWorker
 from backend.policy.cost_model import fit_decode
@@ -67,29 +65,6 @@ def prefix_reuse_benchmark(
     }
 
 
-def _synthetic_kv(model: LlamaModel, context_tokens: int, block_size: int) -> PagedKv:
-    """Random prompt KV: a decode step's time does not depend on the values."""
-    num_blocks = -(-context_tokens // block_size)
-    shape = block_shape(model.config, block_size)
-    generator = torch.Generator().manual_seed(0)
-    blocks = tuple(torch.randn(shape, generator=generator) for _ in range(num_blocks))
-    return PagedKv(blocks, context_tokens, block_size)
-
-
-def _time_step(model: LlamaModel, kv: PagedKv, batch_size: int, num_steps: int) -> float:
-    """Median time of a decode step of `batch_size` requests over `kv` each."""
-    worker = DecodeWorker(model, max_batch_size=batch_size)
-    for index in range(batch_size):
-        worker.submit(DecodeRequest(f"r{index}", kv, 1, max_tokens=num_steps + 2))
-    worker.step()  # joins and runs the first step
-    times = []
-    for _ in range(num_steps):
-        started_s = time.perf_counter()
-        worker.step()
-        times.append(time.perf_counter() - started_s)
-    return statistics.median(times)
-
-
 def decode_benchmark(
     preset: str = "tiny",
     *,
@@ -111,11 +86,11 @@ def decode_benchmark(
     points = []
     with torch_threads(num_threads or compute_threads()) as threads:
         model = build_model(preset, seed=seed, device="cpu")
-        _time_step(model, _synthetic_kv(model, 64, block_size), 1, 2)  # warm up
+        time_decode_step(model, synthetic_kv(model, 64, block_size), 1, 2)  # warm up
         for context in context_tokens:
-            kv = _synthetic_kv(model, context, block_size)
+            kv = synthetic_kv(model, context, block_size)
             for batch_size in batch_sizes:
-                step_s = _time_step(model, kv, batch_size, num_steps)
+                step_s = time_decode_step(model, kv, batch_size, num_steps)
                 points.append(
                     {
                         "batch_size": batch_size,

@@ -28,6 +28,14 @@ needs_real_model = [
 ]
 
 
+def load_tokenizer():
+    """Our tokenizer of the real model (the thing under test, not the reference)."""
+    from backend.tokenizer.model_tokenizer import ModelTokenizer
+
+    assert CHECKPOINT is not None
+    return ModelTokenizer.from_checkpoint(CHECKPOINT)
+
+
 def load_reference():
     from transformers import AutoModelForCausalLM
 

@@ -8,9 +8,9 @@ import pytest
 
 from backend.tokenizer.model_tokenizer import ModelTokenizer
 from tests.harness.reference_model import (
-    CHECKPOINT,
     MODEL,
     load_reference,
+    load_tokenizer,
     needs_real_model,
     reference_greedy,
 )
@@ -34,8 +34,7 @@ def stack():
 
 @pytest.fixture(scope="module")
 def tokenizer() -> ModelTokenizer:
-    assert CHECKPOINT is not None
-    return ModelTokenizer.from_checkpoint(CHECKPOINT)
+    return load_tokenizer()
 
 
 @pytest.fixture(scope="module")

@@ -15,9 +15,9 @@ import pytest
 
 from backend.tokenizer.model_tokenizer import ModelTokenizer
 from tests.harness.reference_model import (
-    CHECKPOINT,
     MODEL,
     load_reference,
+    load_tokenizer,
     needs_real_model,
     reference_greedy,
 )
@@ -71,8 +71,7 @@ def served(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tokenizer() -> ModelTokenizer:
-    assert CHECKPOINT is not None
-    return ModelTokenizer.from_checkpoint(CHECKPOINT)
+    return load_tokenizer()
 
 
 @pytest.fixture(scope="module")

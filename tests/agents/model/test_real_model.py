@@ -12,10 +12,10 @@ from agents.model import block_from_bytes, block_to_bytes, build_model
 from agents.workers import BlockSource, DecodeRequest, DecodeWorker, PrefillWorker
 from backend.tokenizer.model_tokenizer import ModelTokenizer
 from tests.harness.reference_model import (
-    CHECKPOINT,
     MODEL,
     load_reference,
     load_reference_tokenizer,
+    load_tokenizer,
     needs_real_model,
     reference_greedy,
 )
@@ -34,8 +34,7 @@ CHATS = [
 
 @pytest.fixture(scope="module")
 def tokenizer() -> ModelTokenizer:
-    assert CHECKPOINT is not None
-    return ModelTokenizer.from_checkpoint(CHECKPOINT)
+    return load_tokenizer()
 
 
 @pytest.fixture(scope="module")
@@ -168,3 +167,18 @@ def test_chunked_pipeline_prefill_gives_the_same_tokens(model, reference, tokeni
     worker.submit(DecodeRequest("r", kv, expected[0], NUM_TOKENS))
     worker.run_until_idle()
     assert list(outputs["r"]) == expected
+
+
+def test_the_benchmark_against_transformers_reports_every_cell():
+    """Untimed: `kvcentric bench against-transformers` measures both on the same inputs."""
+    from agents.bench.against_transformers import against_transformers_benchmark
+
+    result = against_transformers_benchmark(
+        MODEL, prefill_tokens=(32,), batch_sizes=(1, 2), context_tokens=16, num_repeats=1
+    )
+    assert [p["tokens"] for p in result["prefill"]] == [32]
+    assert [d["batch_size"] for d in result["decode"]] == [1, 2]
+    for cell in result["prefill"] + result["decode"]:
+        assert cell["ours_s"] > 0 and cell["transformers_s"] > 0
+        assert cell["ratio"] == pytest.approx(cell["transformers_s"] / cell["ours_s"])
+    assert result["model_param_bytes"] > 500 << 20  # 135M fp32 weights, the head shared

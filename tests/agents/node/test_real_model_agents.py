@@ -8,12 +8,11 @@ from backend.policy.blocks import block_keys
 from backend.policy.effects import CachePlan, DispatchPrefill, FetchSpan
 from backend.rpc import agent_pb2 as pb
 from backend.rpc.convert import dispatch_prefill_to_proto
-from backend.tokenizer.model_tokenizer import ModelTokenizer
 from tests.harness.agents import AgentProcess, wait_all
 from tests.harness.reference_model import (
-    CHECKPOINT,
     MODEL,
     load_reference,
+    load_tokenizer,
     needs_real_model,
     reference_greedy,
 )
@@ -42,8 +41,7 @@ def cluster():
 
 
 def test_a_fetched_prefix_and_a_handoff_give_transformers_tokens(cluster):
-    assert CHECKPOINT is not None
-    tokenizer = ModelTokenizer.from_checkpoint(CHECKPOINT)
+    tokenizer = load_tokenizer()
     a, b, d = cluster
     first = tokenizer.encode(SYSTEM + "<|im_start|>user\nWhat is rain?<|im_end|>\n")
     prompt = tokenizer.encode(
