@@ -79,6 +79,9 @@ def build_report(
         "num_rejected_admission": sum(r.stage == "admission" for r in rejected),
         "num_rejected_decode": len(late),
         "num_failed": sum(r.outcome == "failed" for r in records),
+        # The twin's clients never leave early and it models no request deadline, so this
+        # stays 0; it is here so that a live report and the twin's read alike.
+        "num_cancelled": sum(r.outcome == "cancelled" for r in records),
         "rejected_by_reason": dict(
             sorted(Counter(f"{r.stage}:{r.reason}" for r in rejected).items())
         ),

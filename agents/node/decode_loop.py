@@ -47,6 +47,11 @@ class DecodeLoop:
             self._cond.notify()
         return stream
 
+    def cancel(self, request_id: str, reason: str) -> bool:
+        """Take the request out of the batch (between two steps); False if it is not here."""
+        with self._cond:
+            return self.worker.cancel(request_id, reason)
+
     def load(self) -> tuple[int, int]:
         """(batch size, context tokens) now."""
         with self._cond:

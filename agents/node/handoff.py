@@ -5,6 +5,7 @@ the decode agent can match the KV to the DispatchDecode that follows.
 """
 
 import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 
 import torch
@@ -26,6 +27,10 @@ def push_kv(transport: Transport, peer: str, request_id: str, kv: PagedKv) -> No
     transport.push(peer, transfer_id(request_id), list(range(len(blocks))), blocks)
 
 
+# Hand-offs cancelled lately, remembered so that KV still on its way is dropped on arrival.
+MAX_DROPPED_IDS = 4096
+
+
 class HandoffInbox:
     """Pushed KV by transfer id, until its DispatchDecode takes it. Thread safe."""
 
@@ -33,6 +38,7 @@ class HandoffInbox:
         self.model = model
         self.block_size = block_size
         self._blocks: dict[int, list[memoryview]] = {}
+        self._dropped: OrderedDict[int, None] = OrderedDict()
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -44,7 +50,18 @@ class HandoffInbox:
         if list(keys) != list(range(len(keys))):
             raise ValueError("a KV hand-off must carry blocks 0..n-1 in order")
         with self._lock:
-            self._blocks[push_id] = list(blocks)
+            if push_id not in self._dropped:
+                self._blocks[push_id] = list(blocks)
+
+    def drop(self, request_id: str) -> bool:
+        """Forget the request's pushed KV (cancelled before its decode), and refuse what of
+        it is still on its way; False if none had arrived."""
+        push_id = transfer_id(request_id)
+        with self._lock:
+            self._dropped[push_id] = None
+            while len(self._dropped) > MAX_DROPPED_IDS:
+                self._dropped.popitem(last=False)
+            return self._blocks.pop(push_id, None) is not None
 
     def take(self, request_id: str, num_tokens: int) -> PagedKv:
         """The request's KV as a PagedKv of `num_tokens`; KeyError if it never arrived."""

@@ -4,7 +4,9 @@ KV events move from the NodeAgent into this module's backlog and leave it only w
 heartbeat carrying them is acknowledged, so a Conductor that is down for a while loses
 none. The backlog is bounded (`max_backlog_events`): past it the oldest events are dropped
 and counted, and the next heartbeat says how many (`num_dropped_events`), because from then
-on the Conductor's index of this instance is no longer exact.
+on the Conductor's index of this instance is no longer exact. Every join (the first, or
+again after a Conductor restart) starts with an announcement of every block the shard
+holds, from which the Conductor's index of this instance is rebuilt.
 """
 
 import logging
@@ -15,6 +17,8 @@ from collections import deque
 import grpc
 
 from agents.node.node import NodeAgent
+from backend.policy.events import KvStored
+from backend.policy.index import Tier
 from backend.rpc import agent_pb2_grpc as pb_grpc
 from backend.rpc.auth import call_metadata
 from backend.rpc.convert import heartbeat_to_proto, join_to_proto
@@ -27,6 +31,7 @@ MAX_BACKOFF_S = 5.0
 RPC_TIMEOUT_S = 5.0
 FINAL_TIMEOUT_S = 2.0
 MAX_KEYS_PER_HEARTBEAT = 50_000  # keeps one heartbeat far below gRPC's 4 MiB message limit
+ANNOUNCE_CHUNK = 4096  # keys per KvStored event of a join's announcement
 
 
 class Heartbeats:
@@ -116,6 +121,7 @@ class Heartbeats:
             kv_capacity_tokens=agent.kv_capacity_tokens,
             dram_capacity_bytes=stats.dram_capacity_blocks * block_bytes,
             ssd_capacity_bytes=stats.ssd_capacity_blocks * block_bytes,
+            incarnation=agent.incarnation,
         )
         try:
             reply = self._stub.Join(
@@ -142,12 +148,36 @@ class Heartbeats:
             return False
         if reply.heartbeat_interval_s > 0:
             self.interval_s = reply.heartbeat_interval_s
+        self._announce_holdings()
         self.is_joined = True
         logger.info(
             "agent %s joined conductor %s; a heartbeat every %.2f s",
             agent.instance_id, self.conductor, self.interval_s,
         )  # fmt: skip
         return True
+
+    def _announce_holdings(self) -> None:
+        """After a join, the first heartbeats carry every block the shard holds: a new
+        Conductor (or one that had forgotten this agent) rebuilds its index from them. They
+        replace the backlog, which they supersede (the Conductor forgot this instance's
+        blocks when it joined)."""
+        with self._beating:
+            self.agent.take_events()
+            held: dict[Tier, list[int]] = {}
+            for key, tier in self.agent.shard.holdings().items():
+                held.setdefault(tier, []).append(key)
+            now_s = time.time()
+            self._backlog = deque(
+                KvStored(now_s, self.agent.instance_id, tuple(keys[i : i + ANNOUNCE_CHUNK]), tier)
+                for tier, keys in held.items()
+                for i in range(0, len(keys), ANNOUNCE_CHUNK)
+            )
+            self._num_dropped = 0
+        if self._backlog:
+            logger.info(
+                "agent %s announces the %d block(s) it holds to conductor %s",
+                self.agent.instance_id, sum(map(len, held.values())), self.conductor,
+            )  # fmt: skip
 
     def _beat_logged(self) -> bool:
         """One heartbeat, its failure logged (once per outage); whether events remain."""

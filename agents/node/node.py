@@ -5,7 +5,8 @@ each control call. No gRPC here: `service` converts the wire messages.
 import json
 import threading
 import time
-from collections import deque
+import uuid
+from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -39,6 +40,9 @@ from backend.rpc.reports import AgentLoad
 
 DispatchError = PlanError
 MAX_PREFILL_SAMPLES = 4096  # kept for the next heartbeat; the oldest go first
+# Requests cancelled lately, remembered so that a dispatch arriving after its cancel (the two
+# travel on different calls) is refused instead of run for nobody.
+MAX_CANCELLED_IDS = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +68,8 @@ class NodeAgent:
     ) -> None:
         self.settings = settings
         self.instance_id = instance_id
+        # New at every start: the Conductor tells a restart from a rejoin by it.
+        self.incarnation = uuid.uuid4().hex
         self.role: AgentRole = settings.role
         self.model = build_model(settings.preset, seed=settings.seed)
         self.block_size = settings.block_size
@@ -107,6 +113,8 @@ class NodeAgent:
         self._num_prefill_queued = 0
         self._num_prefill_running = 0
         self._queued_tokens = 0
+        self._prefilling: set[str] = set()  # queued or running here
+        self._cancelled: OrderedDict[str, str] = OrderedDict()  # request id -> reason
         self.draining = False
 
     # -- admission of calls ------------------------------------------------------------
@@ -151,6 +159,8 @@ class NodeAgent:
         self._enter("prefill")
         try:
             with self._state:
+                self._refuse_if_cancelled(request_id)
+                self._prefilling.add(request_id)
                 self._num_prefill_queued += 1
                 self._queued_tokens += tokens.size
             queued_s = time.perf_counter()
@@ -160,6 +170,8 @@ class NodeAgent:
                         self._num_prefill_queued -= 1
                         self._num_prefill_running += 1
                     try:
+                        with self._state:  # cancelled while it queued: nothing was done
+                            self._refuse_if_cancelled(request_id)
                         outcome = self._prefill(
                             request_id, tokens, plan, fetch_address, replicate,
                             decode_address, sampling, return_logits,
@@ -173,8 +185,15 @@ class NodeAgent:
             finally:
                 with self._state:
                     self._queued_tokens -= tokens.size
+                    self._prefilling.discard(request_id)
         finally:
             self._leave()
+
+    def _refuse_if_cancelled(self, request_id: str) -> None:
+        """Under `_state`: CANCELLED if the Conductor cancelled this request already."""
+        reason = self._cancelled.get(request_id)
+        if reason is not None:
+            raise PlanError("CANCELLED", f"request {request_id} was cancelled ({reason})")
 
     def _prefill(
         self,
@@ -222,7 +241,9 @@ class NodeAgent:
         finally:
             if prefix.pinned:
                 self.shard.unpin(prefix.pinned)
-        self._record(events)
+        self._record(events)  # the blocks it stored stay useful, cancelled or not
+        with self._state:  # cancelled while it ran: no hand-off
+            self._refuse_if_cancelled(request_id)
         first_token = sample(result.logits, sampling, sampling.generator())
         handoff_started_s = time.perf_counter()
         if decode_address:
@@ -305,6 +326,8 @@ class NodeAgent:
             raise PlanError("INVALID_ARGUMENT", "max_tokens and num_context_tokens must be >= 1")
         self._enter("decode")
         try:
+            with self._state:
+                self._refuse_if_cancelled(request_id)
             try:
                 kv = self.inbox.take(request_id, num_context_tokens)
             except KeyError as missing:
@@ -322,6 +345,22 @@ class NodeAgent:
 
     def finish_decode(self) -> None:
         self._leave()
+
+    # -- cancellation ----------------------------------------------------------------------
+    def cancel(self, request_id: str, reason: str) -> str:
+        """Drop the request wherever it stands here; returns where ("prefill": it stops
+        before its compute or its hand-off, "handoff": its pushed KV is freed, "decode": its
+        batch slot is free from the next step) or "" when this agent does not hold it."""
+        with self._state:
+            self._cancelled[request_id] = reason
+            while len(self._cancelled) > MAX_CANCELLED_IDS:
+                self._cancelled.popitem(last=False)
+            in_prefill = request_id in self._prefilling
+        if self.decode.cancel(request_id, reason):
+            return "decode"
+        if self.inbox.drop(request_id):
+            return "handoff"
+        return "prefill" if in_prefill else ""
 
     # -- pool operations -----------------------------------------------------------------
     def replicate(

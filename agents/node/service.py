@@ -31,6 +31,20 @@ def _abort(context: grpc.ServicerContext, error: PlanError) -> None:
     context.abort(getattr(grpc.StatusCode, error.code), str(error))
 
 
+def _cancel_if_abandoned(context: Any, agent: NodeAgent, request_id: str) -> list[bool]:
+    """Cancel the request here if its call ends before it did (the Conductor cancelled the
+    call, or died: its connection closing ends the call too); set the flag's element once
+    the call has answered, so a normal end cancels nothing."""
+    answered = [False]
+
+    def on_call_end() -> None:
+        if not answered[0]:
+            agent.cancel(request_id, "call_cancelled")
+
+    context.add_callback(on_call_end)
+    return answered
+
+
 def _sampling(message: pb.Sampling) -> SamplingParams:
     return SamplingParams(message.temperature, message.top_k, message.seed, message.ignore_eos)
 
@@ -48,6 +62,7 @@ class AgentService(pb_grpc.AgentServicer):
 
     def DispatchPrefill(self, request: pb.DispatchPrefillRequest, context: Any) -> Any:
         plan, fetch_address = cache_plan_from_proto(request.plan)
+        answered = _cancel_if_abandoned(context, self.agent, request.request_id)
         try:
             outcome = self.agent.prefill(
                 request.request_id,
@@ -63,6 +78,8 @@ class AgentService(pb_grpc.AgentServicer):
             _abort(context, error)
         except ValueError as error:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
+        finally:
+            answered[0] = True
         self.flush_events()
         if self.metrics is not None:
             self.metrics.observe_prefill(outcome)
@@ -102,12 +119,14 @@ class AgentService(pb_grpc.AgentServicer):
             )
         except PlanError as error:
             _abort(context, error)
+        answered = _cancel_if_abandoned(context, self.agent, request.request_id)
         started_s = time.monotonic()
         try:
             index = 0
             while True:
                 item = stream.get()
                 if isinstance(item, DecodeOutcome):
+                    answered[0] = True
                     if self.metrics is not None and item.status == "completed":
                         self.metrics.observe_decode(time.monotonic() - started_s, index)
                     yield pb.DecodeMessage(
@@ -152,6 +171,12 @@ class AgentService(pb_grpc.AgentServicer):
     def Drain(self, request: pb.DrainRequest, context: Any) -> Any:
         drained, num_in_flight = self.agent.drain(request.timeout_s or None)
         return pb.DrainReply(drained=drained, num_in_flight=num_in_flight)
+
+    def Cancel(self, request: pb.CancelRequest, context: Any) -> Any:
+        if not request.request_id:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a request id is required")
+        dropped = self.agent.cancel(request.request_id, request.reason or "cancelled")
+        return pb.CancelReply(dropped_from=dropped)
 
     def GetState(self, request: pb.GetStateRequest, context: Any) -> Any:
         agent, settings = self.agent, self.agent.settings

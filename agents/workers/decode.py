@@ -46,7 +46,7 @@ class DecodeOutcome:
     """The terminal state of a request on this worker."""
 
     request_id: str
-    status: Literal["completed", "rejected"]
+    status: Literal["completed", "rejected", "cancelled"]
     output_tokens: tuple[int, ...] = ()
     reason: str | None = None
     stage: Literal["decode"] | None = None
@@ -127,6 +127,21 @@ class DecodeWorker:
                 return reason
         self._waiting.append(request)
         return None
+
+    def cancel(self, request_id: str, reason: str) -> bool:
+        """Drop a waiting or running request (its slot is free for the next step) and end it
+        `cancelled` with `reason`; False when it is not on this worker."""
+        for index, waiting in enumerate(self._waiting):
+            if waiting.request_id == request_id:
+                del self._waiting[index]
+                self._finish(DecodeOutcome(request_id, "cancelled", (), reason, "decode"))
+                return True
+        state = self._running.pop(request_id, None)
+        if state is None:
+            return False
+        outputs = tuple(state.output_tokens)
+        self._finish(DecodeOutcome(request_id, "cancelled", outputs, reason, "decode"))
+        return True
 
     # -- the iteration -----------------------------------------------------------------
     @torch.no_grad()

@@ -43,7 +43,7 @@ class RequestRow(Base):
     __tablename__ = "requests"
     __table_args__ = (
         CheckConstraint(
-            "outcome IS NULL OR outcome IN ('completed', 'rejected', 'failed')",
+            "outcome IS NULL OR outcome IN ('completed', 'rejected', 'failed', 'cancelled')",
             name="outcome_state",
         ),
     )

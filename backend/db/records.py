@@ -11,8 +11,8 @@ from typing import Any, Literal
 
 from backend.policy.effects import InstanceEstimate
 
-OutcomeState = Literal["completed", "rejected", "failed"]
-OUTCOME_STATES: tuple[str, ...] = ("completed", "rejected", "failed")
+OutcomeState = Literal["completed", "rejected", "failed", "cancelled"]
+OUTCOME_STATES: tuple[str, ...] = ("completed", "rejected", "failed", "cancelled")
 AgentRole = Literal["prefill", "decode"]
 AGENT_ROLES: tuple[str, ...] = ("prefill", "decode")
 

@@ -78,6 +78,25 @@ def record_outcome(*, session: Session, request_id: str, outcome: RequestOutcome
     return convert.request_record(row)
 
 
+def end_open_requests(*, session: Session, now_s: float, reason: str, message: str) -> int:
+    """End every request still without an outcome as `failed` with `reason`; returns how
+    many. A Conductor starting on its database calls it: requests left open were its
+    previous incarnation's, and nothing will finish them now."""
+    result = session.execute(
+        update(RequestRow)
+        .where(RequestRow.outcome.is_(None))
+        .values(
+            outcome="failed",
+            outcome_reason=reason,
+            outcome_message=message[:1024],
+            finished_time_s=now_s,
+        )
+        .execution_options(synchronize_session=False)
+    )
+    session.commit()
+    return int(result.rowcount)  # type: ignore[attr-defined]
+
+
 def get_request(*, session: Session, request_id: str) -> RequestRecord | None:
     row = session.get(RequestRow, request_id, populate_existing=True)
     return convert.request_record(row) if row is not None else None

@@ -98,6 +98,16 @@ def build_live_report(
         "num_rejected_admission": sum(r.outcome.stage == "admission" for r in rejected),  # type: ignore[union-attr]
         "num_rejected_decode": len(late),
         "num_failed": sum(r.outcome.state == "failed" for r in finished),  # type: ignore[union-attr]
+        "num_cancelled": sum(r.outcome.state == "cancelled" for r in finished),  # type: ignore[union-attr]
+        "cancelled_by_reason": dict(
+            sorted(
+                Counter(
+                    r.outcome.reason or "unknown"  # type: ignore[union-attr]
+                    for r in finished
+                    if r.outcome.state == "cancelled"  # type: ignore[union-attr]
+                ).items()
+            )
+        ),
         "rejected_by_reason": dict(sorted(Counter(_reason(r) for r in rejected).items())),
         "failed_by_reason": dict(
             sorted(

@@ -38,6 +38,7 @@ from backend.policy.events import (
     PrefillFinished,
     PrefillStarted,
     RequestArrived,
+    RequestCancelled,
     RequestFailed,
     Tick,
 )
@@ -74,6 +75,7 @@ __all__ = [
     "Reject",
     "Replicate",
     "RequestArrived",
+    "RequestCancelled",
     "RequestFailed",
     "Tick",
     "Tier",

@@ -80,6 +80,7 @@ class ConductorCore:
             ev.DecodeFinished: self.on_decode_finished,
             ev.DecodeRejected: self.on_decode_rejected,
             ev.RequestFailed: self.on_request_failed,
+            ev.RequestCancelled: self.on_request_failed,
             ev.KvStored: self.on_kv_stored,
             ev.KvEvicted: self.on_kv_evicted,
             ev.KvDemoted: self.on_kv_demoted,
@@ -365,7 +366,9 @@ class ConductorCore:
             self.decode[admitted.decode_instance_id].finish(event.request_id)
         return NO_EFFECTS
 
-    def on_request_failed(self, event: ev.RequestFailed) -> tuple[Effect, ...]:
+    def on_request_failed(
+        self, event: ev.RequestFailed | ev.RequestCancelled
+    ) -> tuple[Effect, ...]:
         self._forget(event.request_id)
         return NO_EFFECTS
 

@@ -91,6 +91,17 @@ class RequestFailed:
 
 
 @dataclass(frozen=True, slots=True)
+class RequestCancelled:
+    """Nobody waits for the request any more (its client went away, it hit its deadline or a
+    stop sequence): forget it wherever it stands, as for a failure; the driver has told the
+    agents holding it to drop it."""
+
+    now_s: float
+    request_id: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class KvStored:
     now_s: float
     instance_id: str
@@ -167,6 +178,7 @@ Event = (
     | DecodeFinished
     | DecodeRejected
     | RequestFailed
+    | RequestCancelled
     | KvStored
     | KvEvicted
     | KvDemoted

@@ -345,8 +345,22 @@ class AgentState(_message.Message):
     events: _containers.RepeatedCompositeFieldContainer[KvEvent]
     def __init__(self, instance_id: _Optional[str] = ..., role: _Optional[_Union[Role, str]] = ..., control_address: _Optional[str] = ..., data_address: _Optional[str] = ..., transport: _Optional[str] = ..., preset: _Optional[str] = ..., block_size: _Optional[int] = ..., draining: _Optional[bool] = ..., now_s: _Optional[float] = ..., prefill: _Optional[_Union[PrefillLoad, _Mapping]] = ..., decode: _Optional[_Union[DecodeLoad, _Mapping]] = ..., memory: _Optional[_Union[Memory, _Mapping]] = ..., events: _Optional[_Iterable[_Union[KvEvent, _Mapping]]] = ...) -> None: ...
 
+class CancelRequest(_message.Message):
+    __slots__ = ("request_id", "reason")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    reason: str
+    def __init__(self, request_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class CancelReply(_message.Message):
+    __slots__ = ("dropped_from",)
+    DROPPED_FROM_FIELD_NUMBER: _ClassVar[int]
+    dropped_from: str
+    def __init__(self, dropped_from: _Optional[str] = ...) -> None: ...
+
 class JoinRequest(_message.Message):
-    __slots__ = ("instance_id", "role", "control_address", "data_address", "transport", "preset", "block_size", "kv_capacity_tokens", "dram_capacity_bytes", "ssd_capacity_bytes", "now_s")
+    __slots__ = ("instance_id", "role", "control_address", "data_address", "transport", "preset", "block_size", "kv_capacity_tokens", "dram_capacity_bytes", "ssd_capacity_bytes", "now_s", "incarnation")
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     CONTROL_ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -358,6 +372,7 @@ class JoinRequest(_message.Message):
     DRAM_CAPACITY_BYTES_FIELD_NUMBER: _ClassVar[int]
     SSD_CAPACITY_BYTES_FIELD_NUMBER: _ClassVar[int]
     NOW_S_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
     instance_id: str
     role: Role
     control_address: str
@@ -369,7 +384,8 @@ class JoinRequest(_message.Message):
     dram_capacity_bytes: int
     ssd_capacity_bytes: int
     now_s: float
-    def __init__(self, instance_id: _Optional[str] = ..., role: _Optional[_Union[Role, str]] = ..., control_address: _Optional[str] = ..., data_address: _Optional[str] = ..., transport: _Optional[str] = ..., preset: _Optional[str] = ..., block_size: _Optional[int] = ..., kv_capacity_tokens: _Optional[int] = ..., dram_capacity_bytes: _Optional[int] = ..., ssd_capacity_bytes: _Optional[int] = ..., now_s: _Optional[float] = ...) -> None: ...
+    incarnation: str
+    def __init__(self, instance_id: _Optional[str] = ..., role: _Optional[_Union[Role, str]] = ..., control_address: _Optional[str] = ..., data_address: _Optional[str] = ..., transport: _Optional[str] = ..., preset: _Optional[str] = ..., block_size: _Optional[int] = ..., kv_capacity_tokens: _Optional[int] = ..., dram_capacity_bytes: _Optional[int] = ..., ssd_capacity_bytes: _Optional[int] = ..., now_s: _Optional[float] = ..., incarnation: _Optional[str] = ...) -> None: ...
 
 class JoinReply(_message.Message):
     __slots__ = ("accepted", "heartbeat_interval_s", "message")

@@ -69,6 +69,11 @@ class AgentStub:
                 request_serializer=backend_dot_rpc_dot_agent__pb2.GetStateRequest.SerializeToString,
                 response_deserializer=backend_dot_rpc_dot_agent__pb2.AgentState.FromString,
                 _registered_method=True)
+        self.Cancel = channel.unary_unary(
+                '/kvcentric.agent.v1.Agent/Cancel',
+                request_serializer=backend_dot_rpc_dot_agent__pb2.CancelRequest.SerializeToString,
+                response_deserializer=backend_dot_rpc_dot_agent__pb2.CancelReply.FromString,
+                _registered_method=True)
 
 
 class AgentServicer:
@@ -117,6 +122,14 @@ class AgentServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Cancel(self, request, context):
+        """Drop a request wherever it stands on this agent: queued or running prefill, handed-off
+        KV waiting for its decode, or the decode batch (its slot is free from the next step).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -154,6 +167,11 @@ def add_AgentServicer_to_server(servicer, server):
                     servicer.GetState,
                     request_deserializer=backend_dot_rpc_dot_agent__pb2.GetStateRequest.FromString,
                     response_serializer=backend_dot_rpc_dot_agent__pb2.AgentState.SerializeToString,
+            ),
+            'Cancel': grpc.unary_unary_rpc_method_handler(
+                    servicer.Cancel,
+                    request_deserializer=backend_dot_rpc_dot_agent__pb2.CancelRequest.FromString,
+                    response_serializer=backend_dot_rpc_dot_agent__pb2.CancelReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -345,6 +363,33 @@ class Agent:
             '/kvcentric.agent.v1.Agent/GetState',
             backend_dot_rpc_dot_agent__pb2.GetStateRequest.SerializeToString,
             backend_dot_rpc_dot_agent__pb2.AgentState.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Cancel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvcentric.agent.v1.Agent/Cancel',
+            backend_dot_rpc_dot_agent__pb2.CancelRequest.SerializeToString,
+            backend_dot_rpc_dot_agent__pb2.CancelReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -248,6 +248,7 @@ def join_to_proto(join: Join) -> pb.JoinRequest:
         dram_capacity_bytes=join.dram_capacity_bytes,
         ssd_capacity_bytes=join.ssd_capacity_bytes,
         now_s=join.now_s,
+        incarnation=join.incarnation,
     )
 
 
@@ -267,6 +268,7 @@ def join_from_proto(message: pb.JoinRequest) -> Join:
         kv_capacity_tokens=message.kv_capacity_tokens,
         dram_capacity_bytes=message.dram_capacity_bytes,
         ssd_capacity_bytes=message.ssd_capacity_bytes,
+        incarnation=message.incarnation,
     )
 
 

@@ -47,6 +47,7 @@ class Join:
     kv_capacity_tokens: int
     dram_capacity_bytes: int
     ssd_capacity_bytes: int
+    incarnation: str = ""  # new at every agent start (see agent.proto)
 
 
 @dataclass(frozen=True, slots=True)

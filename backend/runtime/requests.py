@@ -6,6 +6,7 @@ import queue
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from backend.db.records import RequestOutcome
 from backend.policy.effects import DispatchPrefill
@@ -22,6 +23,12 @@ class Sampling:
 
 
 _END = object()
+
+
+class AgentCall(Protocol):
+    """An agent call in flight (a gRPC future or response stream): it can be cancelled."""
+
+    def cancel(self) -> bool: ...
 
 
 @dataclass(eq=False)
@@ -50,6 +57,8 @@ class RequestStream:
     stage: str = "prefill"  # "decode" once its prefill finished
     prefill_answered_s: float | None = None  # when the prefill agent answered
     prefill_agent_s: float = 0.0  # the agent's own time in that call (queue included)
+    decode_instance_id: str | None = None  # once its decode is dispatched
+    call: AgentCall | None = None  # the agent call it waits on now, cancelled with it
     _queue: "queue.Queue[object]" = field(default_factory=queue.Queue)
     _done: threading.Event = field(default_factory=threading.Event)
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import grpc
 from sqlalchemy.orm import Session, sessionmaker
 
-from backend.db import calibration_store, cluster_log
+from backend.db import calibration_store, cluster_log, request_log
 from backend.db.records import LoadSample, RequestOutcome
 from backend.db.writer import RecordNotAccepted, RequestLogWriter
 from backend.metrics import ConductorMetrics
@@ -105,6 +105,7 @@ class ConductorRuntime(EffectHandler):
         self.metrics: ConductorMetrics | None = None
         self.heartbeat_interval_s = settings.heartbeat_interval_s
         self.heartbeat_timeout_s = settings.heartbeat_timeout_s
+        self.request_deadline_s = settings.request_deadline_s
         self._secret = settings.agent_secret.get_secret_value()
         self._metadata = call_metadata(self._secret)
         self._clock = clock
@@ -121,6 +122,7 @@ class ConductorRuntime(EffectHandler):
         self._work_after: list[Callable[[], None]] = []  # see _apply
         self._agents: dict[str, AgentInfo] = {}
         self._requests: dict[str, RequestStream] = {}
+        self._open: dict[str, float] = {}  # unfinished request id -> arrival, oldest first
         # Finished requests stay readable (request()) until this many newer ones finished.
         self._finished: deque[str] = deque()
         self.max_finished_requests = max_finished_requests
@@ -143,11 +145,14 @@ class ConductorRuntime(EffectHandler):
         # be in flight (max_in_flight_requests), so the pool itself is never a hidden queue.
         self._pool_size = self.config.max_in_flight_requests
         self._pool = futures.ThreadPoolExecutor(self._pool_size, thread_name_prefix="runtime")
+        # Cancel calls to agents, off the caller's thread (the API's event loop cancels).
+        self._cancels = futures.ThreadPoolExecutor(2, thread_name_prefix="runtime-cancel")
         self._server: grpc.Server | None = None
         self._stopping = threading.Event()
         self._monitor: threading.Thread | None = None
         self.port = 0
         if session_factory is not None:
+            self._end_previous_requests()
             self._restore_calibration()
 
     # -- life ------------------------------------------------------------------------------
@@ -184,6 +189,7 @@ class ConductorRuntime(EffectHandler):
         if self._server is not None:
             self._server.stop(grace=0).wait()
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._cancels.shutdown(wait=False, cancel_futures=True)
         with self._lock:
             agents = list(self._agents.values())
         for agent in agents:
@@ -266,6 +272,12 @@ class ConductorRuntime(EffectHandler):
                 f"{self.config.block_size} (or the Conductor with KVC_BLOCK_SIZE={join.block_size})"
             )
             return False, message
+        with self._lock:
+            known = self._agents.get(join.instance_id)
+        if known is not None and known.join.incarnation != join.incarnation:
+            # The same id from a new process: the old one died between two heartbeats. Its
+            # blocks and its requests are gone with it.
+            self.leave(join.instance_id, "restarted")
         channel = grpc.insecure_channel(join.control_address)
         info = AgentInfo(join, self._clock(), channel, pb_grpc.AgentStub(channel))
         capacity = join.kv_capacity_tokens if join.role == "decode" else None
@@ -273,8 +285,12 @@ class ConductorRuntime(EffectHandler):
             old = self._agents.pop(join.instance_id, None)
             self._agents[join.instance_id] = info
             self._left.pop(join.instance_id, None)
-            effects = self.core.handle(
-                ev.AgentJoined(self._clock(), join.instance_id, join.role, capacity)
+            now_s = self._clock()
+            # Its first heartbeats announce every block it holds: the index of this
+            # instance is rebuilt from them, not kept from before.
+            effects = (
+                *self.core.handle(ev.KvLost(now_s, join.instance_id)),
+                *self.core.handle(ev.AgentJoined(now_s, join.instance_id, join.role, capacity)),
             )
             after = self._apply(effects)
         if old is not None:
@@ -363,6 +379,24 @@ class ConductorRuntime(EffectHandler):
                 calibration_store.save_calibration(session=session, state=state, now_s=now_s)
         except Exception:  # a failing database must not stop heartbeats
             logger.exception("calibration: could not save the refitted model")
+
+    def _end_previous_requests(self) -> None:
+        """Requests a previous Conductor left open on this database end `failed`: it died
+        before they finished, and their agents dropped them with its connections."""
+        assert self._sessions is not None
+        with self._sessions() as session:
+            num_ended = request_log.end_open_requests(
+                session=session,
+                now_s=self._clock(),
+                reason="conductor_restart",
+                message="the Conductor restarted before this request finished",
+            )
+        if num_ended:
+            logger.warning(
+                "%d request(s) left open by the previous Conductor ended as failed "
+                "(conductor_restart)",
+                num_ended,
+            )
 
     def _restore_calibration(self) -> None:
         """Resume the calibration saved before a restart (its model and window)."""
@@ -509,6 +543,7 @@ class ConductorRuntime(EffectHandler):
         period_s = min(self.heartbeat_interval_s, self.heartbeat_timeout_s / 4)
         while not self._stopping.wait(period_s):
             self.check_heartbeats()
+            self.cancel_overdue()
 
     # -- requests ----------------------------------------------------------------------------
     def submit(
@@ -522,9 +557,11 @@ class ConductorRuntime(EffectHandler):
         sampling: Sampling = Sampling(),
         on_token: Callable[[int], None] | None = None,
         keys: Sequence[int] | None = None,
+        api_key_name: str | None = None,
     ) -> RequestStream:
         """Admit and run one request; tokens stream on the returned RequestStream. `keys`:
-        the prompt's block keys when the caller has them already (else computed here)."""
+        the prompt's block keys when the caller has them already (else computed here);
+        `api_key_name`: the name of the API key that sent it, for the request log."""
         if max_tokens < 1 or not token_ids:
             raise ValueError("a request needs prompt tokens and max_tokens >= 1")
         now_s = self._clock()
@@ -549,10 +586,15 @@ class ConductorRuntime(EffectHandler):
                 raise ValueError(f"request {request_id!r} was already submitted")
             if self._log is not None:
                 try:
-                    self._log.record_arrival(arrival=arrival, block_size=self.config.block_size)
+                    self._log.record_arrival(
+                        arrival=arrival,
+                        block_size=self.config.block_size,
+                        api_key_name=api_key_name,
+                    )
                 except RecordNotAccepted as error:
                     raise RequestLogUnavailable(str(error)) from None
             self._requests[request_id] = stream
+            self._open[request_id] = now_s
             after = self._apply(self.core.handle(arrival))
         self._after(after)
         return stream
@@ -560,6 +602,94 @@ class ConductorRuntime(EffectHandler):
     def request(self, request_id: str) -> RequestStream | None:
         with self._lock:
             return self._requests.get(request_id)
+
+    # -- ending a request early --------------------------------------------------------------
+    def cancel(self, request_id: str, reason: str) -> bool:
+        """End an unfinished request `cancelled` with `reason` (its client went away, its
+        deadline passed): the core forgets it, the agent call it waits on is cancelled and
+        every agent that may hold it drops it (its batch slot, queued prefill or handed-off
+        KV). Never waits on an agent: the API's event loop calls it. False when the request
+        had ended already."""
+        with self._lock:
+            stream = self._requests.get(request_id)
+            if stream is None or stream.is_finished:
+                return False
+            holders = self._holders(stream)
+            now_s = self._clock()
+            self.core.handle(ev.RequestCancelled(now_s, request_id, reason))
+            outcome = dataclasses.replace(
+                self._outcome("cancelled", reason, stream.stage), ttft_s=self._ttft_s(stream)
+            )
+            call, after = stream.call, self._end(request_id, outcome)
+        self._drop_on_agents(request_id, reason, holders, call)
+        self._after(after)
+        logger.info("request %s cancelled (%s)", request_id, reason)
+        return True
+
+    def finish_early(self, request_id: str, reason: str = "stop_sequence") -> bool:
+        """End a decoding request `completed` now, with the tokens it has (its text reached a
+        stop sequence: the client has its whole answer), and have its agents drop the rest.
+        False when it had ended already."""
+        with self._lock:
+            stream = self._requests.get(request_id)
+            if stream is None or stream.is_finished:
+                return False
+            holders = self._holders(stream)
+            now_s = self._clock()
+            after = self._apply(
+                self.core.handle(ev.DecodeFinished(now_s, request_id, len(stream.tokens)))
+            )
+            outcome = dataclasses.replace(
+                self._outcome("completed", reason), ttft_s=self._ttft_s(stream)
+            )
+            call = stream.call
+            after.extend(self._end(request_id, outcome))
+        self._drop_on_agents(request_id, reason, holders, call)
+        self._after(after)
+        return True
+
+    def cancel_overdue(self) -> list[str]:
+        """Cancel every request unfinished `request_deadline_s` after its arrival."""
+        deadline_s = self._clock() - self.request_deadline_s
+        with self._lock:
+            overdue = list(
+                itertools.takewhile(lambda rid: self._open[rid] < deadline_s, self._open)
+            )
+        for request_id in overdue:
+            self.cancel(request_id, "deadline")
+        return overdue
+
+    @staticmethod
+    def _ttft_s(stream: RequestStream) -> float | None:
+        times = stream.token_times_s
+        return times[0] - stream.arrival_s if times else None
+
+    def _holders(self, stream: RequestStream) -> list[AgentInfo]:
+        """The agents that may hold some of the request now (lock held)."""
+        ids = {stream.decode_instance_id}
+        if stream.dispatch is not None:
+            ids |= {stream.dispatch.instance_id, stream.dispatch.decode_instance_id}
+        return [self._agents[i] for i in ids if i is not None and i in self._agents]
+
+    def _drop_on_agents(
+        self, request_id: str, reason: str, holders: list[AgentInfo], call: object | None
+    ) -> None:
+        if call is not None:
+            call.cancel()  # type: ignore[attr-defined]
+        for agent in holders:
+            self._cancels.submit(self._cancel_on, agent, request_id, reason)
+
+    def _cancel_on(self, agent: AgentInfo, request_id: str, reason: str) -> None:
+        try:
+            agent.stub.Cancel(
+                pb.CancelRequest(request_id=request_id, reason=reason),
+                metadata=self._metadata,
+                timeout=5,
+            )
+        except grpc.RpcError as error:  # a dead agent drops its work anyway
+            logger.warning(
+                "cancel of %s on %s failed: %s", request_id, agent.join.instance_id, error
+            )
 
     # -- effects -----------------------------------------------------------------------------
     def _apply(self, effects: Sequence[Effect]) -> list[Callable[[], None]]:
@@ -639,6 +769,7 @@ class ConductorRuntime(EffectHandler):
             tbt_max_s=tbt[2] if tbt else None,
         )
         stream.dispatch = None
+        self._open.pop(request_id, None)
         # Kept for the newest max_finished_requests finished requests: only what callers read
         # (outcome, generated tokens, decisions), not the prompt (160 KiB at 4,000 tokens).
         stream.token_ids, stream.block_keys, stream.token_times_s = (), (), []
@@ -696,14 +827,17 @@ class ConductorRuntime(EffectHandler):
             effect, stream.token_ids, addresses, replicate=replicate
         )
         request.sampling.CopyFrom(_sampling_to_proto(stream.sampling))
+        call = prefill.stub.DispatchPrefill.future(request, metadata=self._metadata)
+        self._waiting_on(stream, call)
         try:
-            reply = prefill.stub.DispatchPrefill(request, metadata=self._metadata)
-        except grpc.RpcError as error:
+            reply = call.result()
+        except (grpc.RpcError, grpc.FutureCancelledError) as error:
             with self._lock:
                 after = self._apply(self._leave_line(prefill_id, stream.request_id))
             self._after(after)
-            self._on_rpc_error(stream, prefill_id, error, "prefill")
-            return
+            if isinstance(error, grpc.RpcError):
+                self._on_rpc_error(stream, prefill_id, error, "prefill")
+            return  # cancelled: the request has its outcome already
         stream.prefill_answered_s = self._clock()
         stream.prefill_agent_s = reply.timings.total_s
         stream.num_reused_tokens = reply.num_reused_tokens
@@ -722,6 +856,15 @@ class ConductorRuntime(EffectHandler):
         for decode in effects:
             if isinstance(decode, DispatchDecode) and decode.request_id == stream.request_id:
                 self._run_decode(stream, decode, reply.first_token)
+
+    def _waiting_on(self, stream: RequestStream, call: object) -> None:
+        """Let a cancel reach the agent call `stream` now waits on (cancelled at once if the
+        request ended while the call was being made)."""
+        with self._lock:
+            stream.call = call  # type: ignore[assignment]
+            finished = stream.is_finished
+        if finished:
+            call.cancel()  # type: ignore[attr-defined]
 
     def _join_line(self, instance_id: str, request_id: str) -> tuple[Effect, ...]:
         """Queue a dispatched request at its prefill agent; it starts at once if first.
@@ -762,9 +905,12 @@ class ConductorRuntime(EffectHandler):
             effect, first_token=first_token, max_tokens=stream.max_tokens
         )
         request.sampling.CopyFrom(_sampling_to_proto(stream.sampling))
+        stream.decode_instance_id = effect.instance_id
         started = False
+        call = agent.stub.DispatchDecode(request, metadata=self._metadata)
+        self._waiting_on(stream, call)
         try:
-            for message in agent.stub.DispatchDecode(request, metadata=self._metadata):
+            for message in call:
                 if stream.is_finished:
                     return  # failed meanwhile (its decode agent left)
                 if message.done:
@@ -787,6 +933,9 @@ class ConductorRuntime(EffectHandler):
     ) -> None:
         now_s = self._clock()
         serving = None
+        if message.status == "cancelled":  # the agent dropped it (a cancel from elsewhere)
+            self.cancel(stream.request_id, message.reason or "cancelled_by_agent")
+            return
         if message.status == "rejected":
             reason = message.reason or "decode_rejected"
             event: ev.Event = ev.DecodeRejected(

@@ -143,6 +143,9 @@ class ConductorSettings(BaseSettings):
     heartbeat_timeout_s: Seconds = 5.0
     # How often each instance's load is sampled into the database (the console's series).
     load_sample_interval_s: Seconds = 1.0
+    # A request still unfinished this long after its arrival is cancelled (reason
+    # "deadline"): its agents drop it, so no work runs on for a client long gone.
+    request_deadline_s: Seconds = 600.0
 
     # Calibration (backend/policy/calibration.py): the cost model is refitted online from
     # the prefills and decode steps the agents measure, over a rolling window, never from

@@ -14,6 +14,8 @@ from console.widgets import chart, metric_row, refreshed_window_panel, table
 HELP = {
     "goodput_rps": "Requests per second completed within both the TTFT and the TBT SLO.",
     "slo_attainment": "Share of finished requests that met both SLOs.",
+    "num_cancelled": "Requests whose client went away (or that passed the request deadline) "
+    "before they finished: their agents dropped them.",
     "wasted_prefill_tokens": "Prefill tokens computed for requests then rejected at decode.",
     "prefill_load_amplitude": "Peak-to-trough (p95 - p5) of the prefill pool's load.",
     "prefill_load_period_s": "First autocorrelation peak of the load; n/a when no clear rhythm.",
@@ -40,6 +42,7 @@ def live_panel(window_s: float) -> None:
             ("Completed", "num_completed"),
             ("Rejected", "num_rejected"),
             ("Failed", "num_failed"),
+            ("Cancelled", "num_cancelled"),
             ("Goodput", "goodput_rps"),
             ("SLO attainment", "slo_attainment"),
         ],

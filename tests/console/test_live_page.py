@@ -11,6 +11,7 @@ COUNTS_AND_LATENCIES = {
     "Completed": "num_completed",
     "Rejected": "num_rejected",
     "Failed": "num_failed",
+    "Cancelled": "num_cancelled",
     "Goodput": "goodput_rps",
     "SLO attainment": "slo_attainment",
     "Wasted prefill tokens": "wasted_prefill_tokens",

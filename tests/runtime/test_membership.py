@@ -10,6 +10,7 @@ import pytest
 
 from backend.db import request_log
 from backend.metrics import ConductorMetrics
+from backend.policy import events as ev
 from backend.rpc import agent_pb2 as pb
 from backend.rpc import agent_pb2_grpc as pb_grpc
 from backend.rpc.auth import call_metadata
@@ -162,3 +163,66 @@ def test_finished_requests_are_forgotten_beyond_the_limit_but_stay_recorded(sess
             assert request_log.get_request(session=session, request_id="r0").outcome is not None
     finally:
         runtime.stop()
+
+
+def test_a_fast_restart_under_the_same_id_is_noticed_and_fails_what_the_old_one_held(
+    conductor,
+) -> None:
+    """The new process joins before the old one's silence is noticed: its incarnation says
+    it is new, so the old one's blocks leave the index and its running prefill fails."""
+    runtime, _clock, stub = conductor
+    secret = call_metadata(SECRET)
+    hung = HungAgent()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    pb_grpc.add_AgentServicer_to_server(hung, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        old = _join("p1", pb.PREFILL)
+        old.control_address, old.incarnation = f"127.0.0.1:{port}", "first"
+        assert stub.Join(old, metadata=secret).accepted
+        assert stub.Join(_join("d1", pb.DECODE), metadata=secret).accepted
+        assert stub.Heartbeat(_beat("p1", [21, 22, 23]), metadata=secret).acknowledged
+        assert runtime.core.index.num_blocks("p1") == 3
+
+        stream = runtime.submit("r1", list(range(1, 200)), 4)
+        assert hung.called.wait(5)
+        new = _join("p1", pb.PREFILL)
+        new.control_address, new.incarnation = f"127.0.0.1:{port}", "second"
+        assert stub.Join(new, metadata=secret).accepted
+        outcome = stream.result(5)
+        assert outcome.state == "failed" and "restarted" in (outcome.reason or "")
+        assert runtime.core.index.num_blocks("p1") == 0  # the new process holds none yet
+        assert "p1" in runtime.core.prefill and runtime.core.num_in_flight == 0
+
+        # The same process joining again (after a Conductor restart, say) keeps its
+        # requests; its index is rebuilt from the blocks it announces.
+        assert stub.Heartbeat(_beat("p1", [31, 32]), metadata=secret).acknowledged
+        assert stub.Join(new, metadata=secret).accepted
+        assert runtime.core.index.num_blocks("p1") == 0
+        assert stub.Heartbeat(_beat("p1", [31, 32]), metadata=secret).acknowledged
+        assert runtime.core.index.num_blocks("p1") == 2
+    finally:
+        hung.release.set()
+        server.stop(grace=0)
+
+
+def test_a_restarted_conductor_ends_its_predecessors_open_requests(sessions) -> None:
+    """A Conductor that died mid-request left it open in the database: the next one on the
+    same database ends it `failed` (conductor_restart) before serving."""
+    first = ConductorRuntime(make_settings(), COST, session_factory=sessions)
+    try:
+        first.submit("done", [1, 2, 3], 2).result(5)  # no agents: refused at admission
+        assert first.flush_records()
+    finally:
+        first.stop()
+    with sessions() as session:  # as if the Conductor had died while it ran
+        arrival = ev.RequestArrived(5.0, "open", (1,), 64, 8, 1.0, 0.1)
+        request_log.record_arrival(session=session, arrival=arrival, block_size=BLOCK)
+    second = ConductorRuntime(make_settings(), COST, session_factory=sessions)
+    second.stop()
+    with sessions() as session:
+        ended = request_log.get_request(session=session, request_id="open")
+        kept = request_log.get_request(session=session, request_id="done")
+    assert (ended.outcome.state, ended.outcome.reason) == ("failed", "conductor_restart")
+    assert kept.outcome.state == "rejected"

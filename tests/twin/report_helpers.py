@@ -16,6 +16,7 @@ METRICS = {
     "num_rejected_admission": 1,
     "num_rejected_decode": 0,
     "num_failed": 0,
+    "num_cancelled": 0,
     "ttft_p50_s": 2.0,
     "ttft_p90_s": 2.8,
     "ttft_p99_s": 2.98,

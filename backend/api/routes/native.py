@@ -50,10 +50,14 @@ _ERRORS = SUBMIT_ERRORS
     response_model=NativeResponse,
     responses={**_ERRORS, 200: streamed(NativeChunk)},
 )
-async def create_native_request(body: NativeRequest, principal: ApiKey, served: ServedDep):
+async def create_native_request(
+    body: NativeRequest, principal: ApiKey, served: ServedDep, request: Request
+):
     prepared = prepare_native(body, tokenizer=served.tokenizer, limits=served.limits)
     request_id = new_request_id("req")
-    stream = await submit(served, prepared, request_id=request_id, endpoint="native")
+    stream = await submit(
+        served, prepared, request_id=request_id, endpoint="native", principal=principal
+    )
     if prepared.stream:
 
         async def events() -> AsyncIterator[bytes]:
@@ -71,7 +75,7 @@ async def create_native_request(body: NativeRequest, principal: ApiKey, served: 
             yield SSE_DONE
 
         return StreamingResponse(events(), media_type="text/event-stream")
-    tokens = await collect(served, stream)
+    tokens = await collect(served, stream, request)
     failure = ended_badly(stream)
     if failure is not None:
         return failure

@@ -46,6 +46,10 @@ class AgentView(BaseModel):
     preset: str
     state: str = Field(description="active, or draining while its role is being switched")
     load: dict[str, float | int]
+    num_indexed_blocks: int = Field(
+        description="Blocks the Conductor's index believes this agent holds (its heartbeats "
+        "report how many it does hold: load.num_dram_blocks + load.num_ssd_blocks)"
+    )
 
 
 class Percentiles(BaseModel):
@@ -112,6 +116,8 @@ def read_agents(principal: ApiKey, runtime: RuntimeDep) -> list[AgentView]:
 
 def agent_view(runtime: ConductorRuntime, instance_id: str, agent: AgentInfo) -> AgentView:
     now_s = runtime.now_s()  # heartbeats are stamped on its clock
+    with runtime.locked():
+        num_indexed = runtime.core.index.num_blocks(instance_id)
     return AgentView(
         instance_id=instance_id,
         role=agent.join.role,
@@ -123,6 +129,7 @@ def agent_view(runtime: ConductorRuntime, instance_id: str, agent: AgentInfo) ->
         preset=agent.join.preset,
         state="draining" if agent.draining else "active",
         load=_load(agent.load),
+        num_indexed_blocks=num_indexed,
     )
 
 

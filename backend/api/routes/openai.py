@@ -6,7 +6,7 @@ With `stream: true` the answer is server-sent events in OpenAI's format, ending 
 
 from collections.abc import AsyncIterator, Sequence
 
-from fastapi import APIRouter, HTTPException
+from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from backend.api.auth import ApiKey
@@ -14,7 +14,7 @@ from backend.api.routes.serving import (
     SUBMIT_ERRORS,
     Served,
     ServedDep,
-    collect,
+    cancelled_on_disconnect,
     ended_badly,
     finish_reason,
     new_request_id,
@@ -79,10 +79,14 @@ async def retrieve_model(model: str, principal: ApiKey, served: ServedDep) -> Mo
     response_model=CompletionResponse,
     responses={**_ERRORS, 200: streamed(CompletionResponse)},
 )
-async def create_completion(body: CompletionRequest, principal: ApiKey, served: ServedDep):
+async def create_completion(
+    body: CompletionRequest, principal: ApiKey, served: ServedDep, request: Request
+):
     prepared = prepare_completion(body, tokenizer=served.tokenizer, limits=served.limits)
     request_id = new_request_id("cmpl")
-    stream = await submit(served, prepared, request_id=request_id, endpoint="completions")
+    stream = await submit(
+        served, prepared, request_id=request_id, endpoint="completions", principal=principal
+    )
     created = served.submitted[request_id].created
     ids = {"request_id": request_id, "model": prepared.model, "created": created}
     if prepared.stream:
@@ -111,11 +115,11 @@ async def create_completion(body: CompletionRequest, principal: ApiKey, served: 
             yield SSE_DONE
 
         return StreamingResponse(events(), media_type=_SSE)
-    tokens = await collect(served, stream)
+    text, stop = await _whole_text(served, stream, prepared.stop, request)
     failure = ended_badly(stream)
     if failure is not None:
         return failure
-    text, reason = _whole_text(served, stream, prepared.stop, tokens)
+    reason, tokens = _finish_reason(stop, stream), stream.tokens
     return completion_response(
         **ids, text=text, finish_reason=reason, usage=usage(prepared.num_input_tokens, len(tokens))
     )
@@ -128,11 +132,13 @@ async def create_completion(body: CompletionRequest, principal: ApiKey, served: 
     responses={**_ERRORS, 200: streamed(ChatCompletionChunk)},
 )
 async def create_chat_completion(
-    body: ChatCompletionRequest, principal: ApiKey, served: ServedDep
+    body: ChatCompletionRequest, principal: ApiKey, served: ServedDep, request: Request
 ) -> ChatCompletionResponse | JSONResponse | StreamingResponse:
     prepared = prepare_chat(body, tokenizer=served.tokenizer, limits=served.limits)
     request_id = new_request_id("chatcmpl")
-    stream = await submit(served, prepared, request_id=request_id, endpoint="chat")
+    stream = await submit(
+        served, prepared, request_id=request_id, endpoint="chat", principal=principal
+    )
     created = served.submitted[request_id].created
     ids = {"request_id": request_id, "model": prepared.model, "created": created}
     if prepared.stream:
@@ -153,36 +159,41 @@ async def create_chat_completion(
             yield SSE_DONE
 
         return StreamingResponse(events(), media_type=_SSE)
-    tokens = await collect(served, stream)
+    text, stop = await _whole_text(served, stream, prepared.stop, request)
     failure = ended_badly(stream)
     if failure is not None:
         return failure
-    text, reason = _whole_text(served, stream, prepared.stop, tokens)
+    reason, tokens = _finish_reason(stop, stream), stream.tokens
     return chat_response(
         **ids, text=text, finish_reason=reason, usage=usage(prepared.num_input_tokens, len(tokens))
     )
 
 
 async def _text_deltas(served: Served, stream: RequestStream, stop: StopText) -> AsyncIterator[str]:
-    """The streamed text, token by token, cut at the first stop sequence; the tail `stop`
-    held back comes last when the request completed."""
+    """The streamed text, token by token, cut at the first stop sequence (which ends the
+    request there: its agents drop the rest); the tail `stop` held back comes last when the
+    request completed."""
     decoder = served.tokenizer.stream_decoder()
     async for token in relay(served, stream):
         if text := stop.feed(decoder.feed(token)):
             yield text
         if stop.stopped:
-            return  # the relay's thread still records the outcome
+            served.runtime.finish_early(stream.request_id, "stop_sequence")
+            return
     completed = stream.outcome is not None and stream.outcome.state == "completed"
     if completed and (text := stop.flush()):
         yield text
 
 
-def _whole_text(
-    served: Served, stream: RequestStream, stops: Sequence[str], tokens: list[int]
-) -> tuple[str, str]:
-    """A finished request's text cut at the first stop sequence, and its finish reason."""
+async def _whole_text(
+    served: Served, stream: RequestStream, stops: Sequence[str], request: Request
+) -> tuple[str, StopText]:
+    """A whole answer's text, cut at the first stop sequence (the request ends there), and
+    the StopText that says whether it was; a client that disconnects meanwhile cancels it."""
     stop = StopText(stops)
-    return stop.cut(served.tokenizer.decode(tokens)), _finish_reason(stop, stream)
+    async with cancelled_on_disconnect(served, stream, request):
+        text = "".join([delta async for delta in _text_deltas(served, stream, stop)])
+    return text, stop
 
 
 def _finish_reason(stop: StopText, stream: RequestStream) -> str:

@@ -7,6 +7,7 @@ so metrics are right even when the client goes away mid-stream.
 """
 
 import asyncio
+import contextlib
 import threading
 import time
 import uuid
@@ -19,6 +20,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
 from backend.api.access_log import note_request_id
+from backend.api.auth import Principal
 from backend.api.schemas.convert import (
     ApiLimits,
     InvalidRequest,
@@ -38,6 +40,7 @@ DEFAULT_MAX_OUTPUT_TOKENS = 1024
 VOCAB_SIZE = 32_000  # the agents' model presets
 
 _END = object()
+DISCONNECT_POLL_S = 0.25  # how often a whole answer's wait checks that its client is there
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,9 +105,15 @@ def new_request_id(prefix: str) -> str:
 
 
 async def submit(
-    served: Served, prepared: PreparedRequest, *, request_id: str, endpoint: str
+    served: Served,
+    prepared: PreparedRequest,
+    *,
+    request_id: str,
+    endpoint: str,
+    principal: Principal | None = None,
 ) -> RequestStream:
-    """Submit off the event loop; raises `Rejected` when admission refuses it."""
+    """Submit off the event loop; raises `Rejected` when admission refuses it. `principal`:
+    who sent it (its API key's name goes into the request log)."""
     note_request_id(request_id)
     served.metrics.record_submitted(endpoint)
     ttft_slo_s = prepared.ttft_slo_s or served.default_ttft_slo_s
@@ -134,6 +143,7 @@ async def submit(
             tbt_slo_s=prepared.tbt_slo_s,
             sampling=sampling,
             keys=prepared.block_keys,  # computed with the API's block size, the runtime's
+            api_key_name=principal.name if principal is not None else None,
         )
     except RequestLogUnavailable as error:
         raise HTTPException(
@@ -173,7 +183,8 @@ def record_outcome(metrics: ConductorMetrics, stream: RequestStream) -> None:
 
 async def relay(served: Served, stream: RequestStream) -> AsyncIterator[int]:
     """The stream's tokens, read by a thread so the event loop never blocks; the outcome is
-    set (and recorded) when this ends."""
+    set (and recorded) when this ends. Left before the end (the client went away: the
+    server cancels the task that iterates this), the request is cancelled."""
     loop = asyncio.get_running_loop()
     tokens: asyncio.Queue[object] = asyncio.Queue()
 
@@ -186,12 +197,40 @@ async def relay(served: Served, stream: RequestStream) -> AsyncIterator[int]:
             loop.call_soon_threadsafe(tokens.put_nowait, _END)
 
     threading.Thread(target=pump, name=f"relay-{stream.request_id}", daemon=True).start()
-    while (token := await tokens.get()) is not _END:
-        yield token  # type: ignore[misc]
+    try:
+        while (token := await tokens.get()) is not _END:
+            yield token  # type: ignore[misc]
+    finally:
+        if not stream.is_finished:
+            served.runtime.cancel(stream.request_id, "client_disconnected")
 
 
-async def collect(served: Served, stream: RequestStream) -> list[int]:
-    return [token async for token in relay(served, stream)]
+async def until_disconnected(served: Served, stream: RequestStream, request: Request) -> None:
+    """Cancel the request if its client disconnects first (a whole, non-streamed answer:
+    nothing else notices that nobody waits for it any more). Run it as a task; cancel the
+    task when the answer is complete."""
+    while not stream.is_finished:
+        if await request.is_disconnected():
+            served.runtime.cancel(stream.request_id, "client_disconnected")
+            return
+        await asyncio.sleep(DISCONNECT_POLL_S)
+
+
+@contextlib.asynccontextmanager
+async def cancelled_on_disconnect(
+    served: Served, stream: RequestStream, request: Request
+) -> AsyncIterator[None]:
+    """While the body runs, a client that disconnects cancels the request."""
+    watcher = asyncio.create_task(until_disconnected(served, stream, request))
+    try:
+        yield
+    finally:
+        watcher.cancel()
+
+
+async def collect(served: Served, stream: RequestStream, request: Request) -> list[int]:
+    async with cancelled_on_disconnect(served, stream, request):
+        return [token async for token in relay(served, stream)]
 
 
 def finish_reason(stream: RequestStream) -> str:
@@ -207,6 +246,15 @@ def ended_badly(stream: RequestStream) -> JSONResponse | None:
     if outcome.state == "rejected":
         body, headers = rejection_response(as_reject(stream))
         return JSONResponse(body.model_dump(), status_code=429, headers=headers)
+    if outcome.state == "cancelled":
+        body = error_body(
+            f"request {stream.request_id} was cancelled: {outcome.reason}",
+            error_type="timeout" if outcome.reason == "deadline" else "cancelled",
+            code=f"cancelled_{outcome.reason}",
+            request_id=stream.request_id,
+        )
+        status = 504 if outcome.reason == "deadline" else 499
+        return JSONResponse(body.model_dump(exclude_none=True), status_code=status)
     body = error_body(
         f"request {stream.request_id} failed: {outcome.reason}",
         error_type="server_error",
@@ -235,6 +283,7 @@ SUBMIT_ERRORS: dict[int | str, dict[str, object]] = {
         "description": "The request failed (e.g. its agent was lost; its id is in the body), "
         "or the request log cannot take it now",
     },
+    504: {"model": ErrorBody, "description": "Cancelled: not finished by the request deadline"},
 }
 
 

@@ -24,8 +24,10 @@ from backend.api.schemas.common import (
 )
 from backend.traces.loader import TRACE_BLOCK_SIZE
 
-RequestState = Literal["queued", "prefilling", "decoding", "completed", "rejected", "failed"]
-TerminalState = Literal["completed", "rejected", "failed"]
+RequestState = Literal[
+    "queued", "prefilling", "decoding", "completed", "rejected", "failed", "cancelled"
+]
+TerminalState = Literal["completed", "rejected", "failed", "cancelled"]
 
 
 class NativeRequest(RequestBody):

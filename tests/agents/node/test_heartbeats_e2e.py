@@ -167,11 +167,24 @@ def test_an_agent_serves_until_its_conductor_is_up_and_counts_dropped_events(
     late_conductor.start()
     me = agent.instance_id
     assert late_conductor.wait_for(lambda: bool(late_conductor.heartbeats_of(me)))
-    beat = late_conductor.heartbeats_of(me)[0]  # the backlog (one event) overflowed
-    assert beat.num_dropped_events == 1 and beat.first_event_index == 1
-    assert [event.keys for event in beat.events] == [tuple(second)]
-    assert not set(first) & set(_stored_keys(late_conductor, me))
+    # The join's announcement: every block the agent holds, though its backlog holds one
+    # event (the announcement supersedes it).
+    beat = late_conductor.heartbeats_of(me)[0]
+    assert beat.num_dropped_events == 0
+    assert set(_stored_keys(late_conductor, me)) == {*first, *second}
+
+    # Joined, then the Conductor is down a while (no restart: it still knows the agent).
+    late_conductor.stop()
+    num_beats = len(late_conductor.heartbeats_of(me))
+    third = _prefill(agent, "late-3", 5000)
+    fourth = _prefill(agent, "late-4", 6000)
+    late_conductor.start()
+    assert late_conductor.wait_for(lambda: len(late_conductor.heartbeats_of(me)) > num_beats)
+    beat = late_conductor.heartbeats_of(me)[num_beats]  # the backlog overflowed again
+    assert beat.num_dropped_events == 1
+    assert [event.keys for event in beat.events] == [tuple(fourth)]
+    assert not set(third) & set(_stored_keys(late_conductor, me))
     assert _count(agent, "dropped the 1 oldest") == 1
-    assert late_conductor.wait_for(lambda: len(late_conductor.heartbeats_of(me)) >= 2)
-    assert late_conductor.heartbeats_of(me)[1].num_dropped_events == 0
+    assert late_conductor.wait_for(lambda: len(late_conductor.heartbeats_of(me)) > num_beats + 1)
+    assert late_conductor.heartbeats_of(me)[num_beats + 1].num_dropped_events == 0
     assert agent.terminate() == 0
