@@ -8,7 +8,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
 from fastapi import FastAPI
@@ -82,13 +82,36 @@ def start_conductor(settings: ConductorSettings, *, profile: str | None = None) 
     runtime = ConductorRuntime(settings, cost, clock=time.time, session_factory=sessions)
     runtime.start()
     try:
-        app = create_app(settings, runtime=runtime)
+        app = create_app(
+            settings, runtime=runtime, readiness_checks=readiness_checks(runtime, engine)
+        )
         version = attach_database(app, sessions, now_s=time.time())
     except BaseException:
         runtime.stop()
         engine.dispose()
         raise
     return Conductor(settings, runtime, app, engine, version)
+
+
+def readiness_checks(runtime: "ConductorRuntime", engine: Engine) -> dict[str, Any]:
+    """/readyz's checks: the database answers, and a prefill and a decode instance serve
+    (without both every request would be refused)."""
+    import asyncio
+
+    from sqlalchemy import text
+
+    def ping() -> bool:
+        with engine.connect() as connection:
+            connection.execute(text("SELECT 1"))
+        return True
+
+    async def database() -> bool:
+        return await asyncio.wait_for(asyncio.to_thread(ping), timeout=5)
+
+    async def agents() -> bool:
+        return not runtime.missing_roles()
+
+    return {"database": database, "agents": agents}
 
 
 SECRET_VARIABLES = ("api_keys", "admin_token", "agent_secret")

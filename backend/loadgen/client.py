@@ -75,7 +75,8 @@ def _on_error_response(result: RequestResult, response: httpx.Response) -> None:
         detail = response.json().get("error", {})
     except ValueError:
         detail = {}
-    if response.status_code == 429 and "reason" in detail:
+    # A rejection: 429 (overload), or 503 when no prefill or decode instance serves.
+    if response.status_code in (429, 503) and "reason" in detail and "stage" in detail:
         _on_error_detail(result, detail, retry_after=response.headers.get("Retry-After"))
         return
     result.status = "http_error"

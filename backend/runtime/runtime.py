@@ -232,6 +232,16 @@ class ConductorRuntime(EffectHandler):
         with self._lock:
             return dict(self._agents)
 
+    def missing_roles(self) -> list[str]:
+        """The roles ("prefill", "decode") with no instance taking requests now: a request
+        would be refused until one joins (or ends its drain). Empty when it can serve."""
+        with self._lock:
+            serving = {
+                "prefill": any(not s.draining for s in self.core.prefill.values()),
+                "decode": any(not s.draining for s in self.core.decode.values()),
+            }
+        return [role for role, present in serving.items() if not present]
+
     def agents_locked(self) -> list[AgentInfo]:
         """The joined agents, for a caller holding `locked()`."""
         return list(self._agents.values())

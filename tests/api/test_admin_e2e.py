@@ -131,6 +131,20 @@ def test_a_stale_expected_version_is_409(served):
     assert served.core_config.kvcache_balancing_threshold == 2.0
 
 
+def test_a_change_that_changes_nothing_saves_no_version_and_no_audit_entry(served):
+    in_force = httpx.get(f"{served.url}/v1/config", headers=KEY).json()
+    audit = httpx.get(f"{served.url}/v1/audit", headers=KEY).json()
+    same = {"kvcache_balancing_threshold": in_force["config"]["kvcache_balancing_threshold"]}
+    for config in ({}, same):
+        response = httpx.put(f"{served.url}/v1/config", json={"config": config}, headers=ADMIN)
+        assert response.status_code == 200, response.text
+        assert response.json() == in_force
+    stale = {"config": {}, "expected_version": in_force["version"] + 5}
+    assert httpx.put(f"{served.url}/v1/config", json=stale, headers=ADMIN).status_code == 409
+    assert httpx.get(f"{served.url}/v1/audit", headers=KEY).json() == audit
+    assert httpx.get(f"{served.url}/v1/config", headers=KEY).json() == in_force
+
+
 def test_a_restart_on_the_same_database_keeps_configuration_and_history(database_url):
     first = Served(database_url)
     try:
@@ -138,7 +152,7 @@ def test_a_restart_on_the_same_database_keeps_configuration_and_history(database
         assert httpx.put(f"{first.url}/v1/config", json=change, headers=ADMIN).status_code == 200
         body = {"token_ids": [1, 2, 3], "max_tokens": 2}  # no agents: refused, recorded
         refused = httpx.post(f"{first.url}/v1/native/requests", json=body, headers=KEY)
-        assert refused.status_code == 429
+        assert refused.status_code == 503  # no agent serves: unavailable, not overload
         request_id = refused.json()["error"]["request_id"]
     finally:
         first.stop()
@@ -162,7 +176,7 @@ def test_recorded_traffic_exports_as_a_trace_and_counts_in_stats(served, tmp_pat
     for length in (100, 300):
         body = {"token_ids": list(range(1, length + 1)), "max_tokens": 5}
         response = httpx.post(f"{served.url}/v1/native/requests", json=body, headers=KEY)
-        assert response.status_code == 429  # no agents: rejected at admission, still recorded
+        assert response.status_code == 503  # no agents: rejected at admission, still recorded
     end_s = time.time() + 1
     exported = httpx.get(
         f"{served.url}/v1/export/trace",

@@ -93,6 +93,8 @@ async def read_config(principal: ApiKey, runtime: RuntimeDep, request: Request) 
 @router.put(
     "/config",
     summary="Change the policy configuration (admin token): versioned, audited, applied now",
+    description="A body that changes nothing (`{}`, or the values in force) saves no new "
+    "version and writes no audit entry; it answers the version in force.",
     response_model=ConfigView,
     responses=_ERRORS,
 )
@@ -116,6 +118,12 @@ def change_config(
     except (TypeError, ValueError) as error:
         raise _invalid(str(error)) from None
     new = policy_to_json(config)
+    if config == runtime.core.config:  # nothing changes: no new version, nothing to audit
+        version = getattr(request.app.state, "config_version", None)
+        if body.expected_version is not None and body.expected_version != version:
+            conflict = ConfigVersionConflict(body.expected_version, version)
+            raise HTTPException(409, detail={"message": str(conflict), "code": "version_conflict"})
+        return ConfigView(version=version, config=new)
     try:
         with sessions() as session:
             saved, _ = config_store.save_config_version(

@@ -78,8 +78,12 @@ def read_report(
     runtime: RuntimeDep,
     sessions: SessionsDep,
     window_s: Annotated[float, Query(gt=0, le=MAX_WINDOW_S)] = 300.0,
-    start_s: float | None = None,
-    end_s: float | None = None,
+    start_s: Annotated[
+        float | None, Query(description="Window start, Unix seconds; below end_s")
+    ] = None,
+    end_s: Annotated[
+        float | None, Query(description="Window end, Unix seconds (default: now)")
+    ] = None,
     interval_s: Annotated[float | None, Query(gt=0, le=MAX_WINDOW_S)] = None,
 ) -> dict[str, Any]:
     """Requests that arrived in [start_s, end_s) (default: the last `window_s`), with the

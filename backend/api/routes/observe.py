@@ -78,8 +78,10 @@ def export_trace_jsonl(
     principal: ApiKey,
     runtime: RuntimeDep,
     sessions: SessionsDep,
-    start_s: float,
-    end_s: float,
+    start_s: Annotated[
+        float, Query(description="Window start, Unix seconds; finite and below end_s")
+    ],
+    end_s: Annotated[float, Query(description="Window end, Unix seconds; finite, above start_s")],
     block_size: Annotated[
         int,
         Query(

@@ -77,18 +77,31 @@ async def get_served(request: Request) -> Served:
 ServedDep = Annotated[Served, Depends(get_served)]
 
 
+# Refusals that say the cluster cannot serve at all (no agent of a role has joined, or every
+# one is draining): 503 Service Unavailable, not 429, which tells a client it sent too much.
+UNAVAILABLE_REASONS = frozenset({"no_prefill_instance", "no_decode_instance"})
+
+
+def rejection_status(reject: Reject) -> int:
+    return 503 if reject.reason in UNAVAILABLE_REASONS else 429
+
+
 class Rejected(HTTPException):
-    """An early rejection: 429 with the rejection body and Retry-After."""
+    """An early rejection: 429 (503 when no instance of a role is there) with the rejection
+    body and Retry-After."""
 
     def __init__(self, reject: Reject) -> None:
         body, headers = rejection_response(reject)
-        super().__init__(status_code=429, detail=body.error.message, headers=headers)
+        status = rejection_status(reject)
+        super().__init__(status_code=status, detail=body.error.message, headers=headers)
         self.body = body
 
 
 async def on_rejected(request: Request, error: Exception) -> JSONResponse:
     assert isinstance(error, Rejected)
-    return JSONResponse(error.body.model_dump(), status_code=429, headers=error.headers)
+    return JSONResponse(
+        error.body.model_dump(), status_code=error.status_code, headers=error.headers
+    )
 
 
 async def on_invalid_request(request: Request, error: Exception) -> JSONResponse:
@@ -244,8 +257,11 @@ def ended_badly(stream: RequestStream) -> JSONResponse | None:
     if outcome.state == "completed":
         return None
     if outcome.state == "rejected":
-        body, headers = rejection_response(as_reject(stream))
-        return JSONResponse(body.model_dump(), status_code=429, headers=headers)
+        reject = as_reject(stream)
+        body, headers = rejection_response(reject)
+        return JSONResponse(
+            body.model_dump(), status_code=rejection_status(reject), headers=headers
+        )
     if outcome.state == "cancelled":
         body = error_body(
             f"request {stream.request_id} was cancelled: {outcome.reason}",
@@ -281,7 +297,8 @@ SUBMIT_ERRORS: dict[int | str, dict[str, object]] = {
     503: {
         "model": ErrorBody,
         "description": "The request failed (e.g. its agent was lost; its id is in the body), "
-        "or the request log cannot take it now",
+        "the request log cannot take it now, or no prefill or decode instance is serving "
+        "(a rejection body, reason no_prefill_instance or no_decode_instance, and Retry-After)",
     },
     504: {"model": ErrorBody, "description": "Cancelled: not finished by the request deadline"},
 }

@@ -9,7 +9,7 @@ exactly: each hash id stands for the same 512-token block in every request, see
 import math
 from typing import Literal
 
-from pydantic import BaseModel, Field, StrictInt, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
 
 from backend.api.schemas.common import (
     DEFAULT_MAX_TOKENS,
@@ -30,7 +30,19 @@ RequestState = Literal[
 TerminalState = Literal["completed", "rejected", "failed", "cancelled"]
 
 
+# "Exactly one prompt form", said in the OpenAPI document as well as checked: a branch holds
+# when its field is present and not null, and exactly one branch may hold.
+_ONE_PROMPT_FORM = {
+    "oneOf": [
+        {"required": [name], "properties": {name: {"not": {"type": "null"}}}}
+        for name in ("text", "token_ids", "hash_ids")
+    ]
+}
+
+
 class NativeRequest(RequestBody):
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_ONE_PROMPT_FORM)
+
     model: str | None = Field(default=None, min_length=1)
     text: str | None = Field(default=None, min_length=1)
     token_ids: list[TokenId] | None = Field(default=None, min_length=1)

@@ -11,7 +11,7 @@ completions) and `suffix` only as null: other values are refused with a message 
 what is not supported.
 """
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
@@ -67,7 +67,13 @@ class _SamplingFields(RequestBody):
 class CompletionRequest(_SamplingFields):
     """POST /v1/completions. `prompt` is text, a list of one text, or a list of token ids."""
 
-    prompt: str | list[str] | list[TokenId]
+    # The constraints are in the document too (no empty prompt, one text at most), so a
+    # client generated from it cannot build a prompt the server refuses.
+    prompt: (
+        Annotated[str, Field(min_length=1)]
+        | Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1, max_length=1)]
+        | Annotated[list[TokenId], Field(min_length=1)]
+    )
     best_of: Literal[1] = 1
     echo: bool = False
     logprobs: int | None = None
@@ -91,9 +97,9 @@ class CompletionRequest(_SamplingFields):
     @classmethod
     def _check_prompt_shape(cls, prompt: object) -> object:
         # Before pydantic's union, so a wrong shape gets one clear message, not three.
+        if prompt == "" or prompt == [""] or prompt == []:
+            raise ValueError("prompt must not be empty")
         if isinstance(prompt, list):
-            if not prompt:
-                raise ValueError("prompt must not be empty")
             if all(isinstance(item, str) for item in prompt):
                 if len(prompt) != 1:
                     raise ValueError(
