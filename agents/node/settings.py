@@ -6,6 +6,7 @@ from typing import Literal
 
 from agents.model.registry import resolve_model
 from agents.transport import TRANSPORT_KINDS, parse_address
+from backend.settings.conductor import MIN_SECRET_CHARS
 
 AgentRole = Literal["prefill", "decode"]
 
@@ -43,8 +44,11 @@ class AgentSettings:
             raise ValueError(f"torch threads must be at least 1, got {self.torch_threads}")
         parse_address(self.listen)
         parse_address(self.data_listen)
-        if not self.secret:
-            raise ValueError("a shared secret is required (--secret)")
+        if len(self.secret) < MIN_SECRET_CHARS:
+            raise ValueError(
+                f"the shared secret (--secret, KVC_AGENT_SECRET) must be at least "
+                f"{MIN_SECRET_CHARS} characters, as the Conductor's, got {len(self.secret)}"
+            )
         if self.block_size <= 0:
             raise ValueError(f"block size must be positive, got {self.block_size}")
         if self.transport not in TRANSPORT_KINDS:

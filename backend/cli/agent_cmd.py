@@ -23,7 +23,11 @@ def agent_command(
     listen: str = typer.Option(..., "--listen", help="gRPC control address HOST:PORT."),
     data_listen: str = typer.Option(..., "--data-listen", help="KV data-plane address."),
     secret: str = typer.Option(
-        ..., "--secret", envvar="KVC_AGENT_SECRET", help="Shared secret of the cluster."
+        ...,
+        "--secret",
+        envvar="KVC_AGENT_SECRET",
+        help="Shared secret of the cluster (the Conductor's KVC_AGENT_SECRET; at least 16 "
+        "characters).",
     ),
     preset: str = typer.Option(
         "tiny",

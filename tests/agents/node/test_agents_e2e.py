@@ -18,7 +18,7 @@ from backend.rpc.convert import dispatch_prefill_to_proto, kv_events_from_proto
 from tests.harness.agents import AgentProcess, start_agents
 
 BLOCK = 64
-SECRET = "test-secret"
+SECRET = "test-secret-0123456789"
 MAX_TOKENS = 6
 
 

@@ -14,7 +14,7 @@ from backend.rpc.convert import kv_events_from_proto
 from tests.harness.agents import AgentProcess, prefill_request, stop_agents, wait_all
 
 BLOCK = 64
-SECRET = "test-secret"
+SECRET = "test-secret-0123456789"
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from tests.harness.agents import AgentProcess, prefill_request, wait_all
 from tests.harness.conductor import HarnessConductor
 
 BLOCK = 64
-SECRET = "test-secret"
+SECRET = "test-secret-0123456789"
 INTERVAL_S = 0.2
 
 

@@ -18,7 +18,7 @@ from backend.rpc import agent_pb2 as pb
 from tests.harness.agents import AgentProcess, prefill_request, stop_agents, wait_all
 
 BLOCK = 64
-SECRET = "test-secret"
+SECRET = "test-secret-0123456789"
 NUM_SHARED_BLOCKS = 3
 
 

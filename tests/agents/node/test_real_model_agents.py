@@ -19,7 +19,7 @@ from tests.harness.reference_model import (
 
 pytestmark = needs_real_model
 BLOCK = 16
-SECRET = "test-secret"
+SECRET = "test-secret-0123456789"
 NUM_TOKENS = 32
 SYSTEM = (
     "<|im_start|>system\nYou are a patient teacher. You answer in plain words, one idea at "

@@ -10,7 +10,7 @@ from backend.policy import KvEvicted
 from backend.policy.blocks import block_keys
 from backend.policy.effects import CachePlan
 
-SECRET = "test-secret"
+SECRET = "test-secret-0123456789"
 
 
 @pytest.fixture
