@@ -159,3 +159,29 @@ def test_corrupt_push_is_refused_by_key_and_kept_from_the_sink(
     assert reply.kind == Kind.ERR_CORRUPT
     assert reply.keys == expected_bad
     assert all(request_id != 77 for request_id, _ in recorder.pushes)
+
+
+def test_a_flood_of_silent_connections_takes_no_slot_of_other_peers_and_logs_little(
+    agent: tuple[Transport, Recorder], client: Transport, caplog: pytest.LogCaptureFixture
+) -> None:
+    """300 connections from one host (127.0.0.2) that never authenticate, more than all the
+    slots there are: that host gets 8 slots to authenticate in, for 2 s each, so a peer
+    already connected keeps being served, a new peer from another host gets in during the
+    flood, and the refusals take a line or two, not one each."""
+    transport, recorder = agent
+    client.fetch(transport.address, [peers.KEYS[0]])  # a pooled, authenticated connection
+    caplog.clear()
+    flood = [
+        socket.create_connection(parse_address(transport.address), source_address=("127.0.0.2", 0))
+        for _ in range(300)
+    ]
+    try:
+        newcomer = _authenticated_socket(transport.address)  # from 127.0.0.1
+        newcomer.close()
+        for key in peers.KEYS[1:4]:  # served through the flood
+            assert bytes(client.fetch(transport.address, [key])[0]) == recorder.blocks[key]
+    finally:
+        for sock in flood:
+            sock.close()
+    refusals = [r for r in caplog.records if "refusing" in r.getMessage()]
+    assert 1 <= len(refusals) <= 4, [r.getMessage() for r in refusals]
