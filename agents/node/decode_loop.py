@@ -3,17 +3,27 @@
 The DecodeWorker is not thread safe; one condition guards it. `submit` registers the
 request's stream before the worker sees the request, so tokens and the terminal outcome
 (a rejection included) always reach it.
+
+The stepping thread holds the condition through each step and would take it back at once
+after (Python's locks are not fair: a waiting thread rarely gets in, and a busy batch kept
+heartbeats, GetState and cancels waiting for seconds). So every other caller announces
+itself before it waits, and the stepping thread lets the announced ones in before its next
+step.
 """
 
 import queue
 import threading
 import time
 from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from agents.workers import DecodeOutcome, DecodeRequest, DecodeWorker
 from backend.policy.calibration import DecodeStepSample
 
 MAX_STEP_SAMPLES = 4096  # kept for the next heartbeat; the oldest go first
+# How long the stepping thread waits at most for announced callers to take the condition.
+MAX_YIELD_S = 0.1
 
 Stream = queue.Queue[int | DecodeOutcome]
 
@@ -30,14 +40,39 @@ class DecodeLoop:
         self._steps: deque[DecodeStepSample] = deque(maxlen=MAX_STEP_SAMPLES)
         self._streams: dict[str, Stream] = {}
         self._cond = threading.Condition()
+        self._num_callers = 0  # other threads waiting for the condition (see _turn)
+        self._callers_lock = threading.Lock()
         self._stopped = False
         self._thread = threading.Thread(target=self._run, name="decode-loop", daemon=True)
         self._thread.start()
 
+    @contextmanager
+    def _turn(self) -> Iterator[None]:
+        """The condition, for any thread but the stepping one: announced first, so the
+        stepping thread lets it in before its next step."""
+        with self._callers_lock:
+            self._num_callers += 1
+        try:
+            self._cond.acquire()
+        finally:
+            with self._callers_lock:
+                self._num_callers -= 1
+        try:
+            yield
+        finally:
+            self._cond.release()
+
+    def _let_callers_in(self) -> None:
+        """After a step, outside the condition: wait (briefly) until every announced caller
+        has taken it."""
+        deadline_s = time.perf_counter() + MAX_YIELD_S
+        while self._num_callers and time.perf_counter() < deadline_s:
+            time.sleep(0.0002)
+
     def submit(self, request: DecodeRequest) -> Stream:
         """The request's stream: ints (tokens) then one DecodeOutcome."""
         stream: Stream = queue.Queue()
-        with self._cond:
+        with self._turn():
             self._streams[request.request_id] = stream
             try:
                 self.worker.submit(request)
@@ -49,23 +84,23 @@ class DecodeLoop:
 
     def cancel(self, request_id: str, reason: str) -> bool:
         """Take the request out of the batch (between two steps); False if it is not here."""
-        with self._cond:
+        with self._turn():
             return self.worker.cancel(request_id, reason)
 
     def load(self) -> tuple[int, int]:
         """(batch size, context tokens) now."""
-        with self._cond:
+        with self._turn():
             return self.worker.batch_size, self.worker.context_tokens
 
     def take_steps(self) -> list[DecodeStepSample]:
         """The steps measured since the last call (oldest first)."""
-        with self._cond:
+        with self._turn():
             steps = list(self._steps)
             self._steps.clear()
             return steps
 
     def stop(self) -> None:
-        with self._cond:
+        with self._turn():
             self._stopped = True
             self._cond.notify()
         self._thread.join(timeout=5)
@@ -87,6 +122,7 @@ class DecodeLoop:
                         time.time(), batch_size, context_tokens, self.last_step_s, cpu_s
                     )
                 )
+            self._let_callers_in()
 
     def _on_token(self, request_id: str, token: int) -> None:
         self._streams[request_id].put(token)

@@ -43,7 +43,9 @@ def agents(conductor, late_conductor):
     good, bad, late = wait_all(
         [
             AgentProcess("prefill", SECRET, "--conductor", conductor.address, *flags),
-            AgentProcess("prefill", "wrong", "--conductor", conductor.address, *flags),
+            AgentProcess(
+                "prefill", "a-wrong-secret-0123", "--conductor", conductor.address, *flags
+            ),
             AgentProcess(
                 "prefill",
                 SECRET,
