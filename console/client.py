@@ -106,6 +106,11 @@ class BackendClient:
         }
         return self._call("PUT", CONFIG_PATH, secret=self._admin(), body=body)
 
+    def check_admin(self) -> None:
+        """Whether the admin token is the Conductor's: a change that changes nothing, which
+        the backend answers without saving a version or an audit entry; BackendError if not."""
+        self._call("PUT", CONFIG_PATH, secret=self._admin(), body={"config": {}})
+
     def switch_role(
         self, instance_id: str, role: str, *, drain_timeout_s: float = 30.0
     ) -> dict[str, Any]:
@@ -122,7 +127,8 @@ class BackendClient:
     def _admin(self) -> str:
         if not self.admin_token:
             raise BackendError(
-                "this change needs the admin token: enter it in the sidebar", code="no_admin_token"
+                "this change needs the admin token: sign in with it in the sidebar",
+                code="no_admin_token",
             )
         return self.admin_token
 
@@ -163,8 +169,8 @@ class BackendClient:
     ) -> httpx.Response:
         if not secret:
             raise BackendError(
-                "no API key: enter one in the sidebar (`kvcentric up` prints it at start "
-                "as KVC_API_KEY and keeps it in data/secrets.env)",
+                "no API key: sign in with one in the sidebar (`kvcentric up` prints it at "
+                "start as KVC_API_KEY and keeps it in data/secrets.env)",
                 code="no_api_key",
             )
         url = self.base_url.rstrip("/") + path
@@ -204,7 +210,7 @@ def error_from_response(method: str, path: str, response: httpx.Response) -> Bac
     message, code = _error_message(response)
     if status == 401:
         text = f"the backend refused the credentials (401 unauthorized): {message}"
-        text += ". Check the API key in the sidebar."
+        text += ". Check the console's --api-key or the key you signed in with."
     elif status == 403:
         text = f"not allowed (403 forbidden): {message}"
     elif status == 429:

@@ -14,18 +14,18 @@ DEFAULT_REFRESH_S = 2.0
 
 ENV_BACKEND = "KVC_CONSOLE_BACKEND"
 ENV_API_KEY = "KVC_CONSOLE_API_KEY"
-ENV_ADMIN_TOKEN = "KVC_CONSOLE_ADMIN_TOKEN"
 ENV_TWIN_PROFILE = "KVC_CONSOLE_TWIN_PROFILE"
 ENV_REFRESH_S = "KVC_CONSOLE_REFRESH_S"
 
 
 @dataclass(frozen=True, slots=True)
 class ConsoleSettings:
-    """The sidebar's initial values and the twin's timing profile."""
+    """The backend's URL, the API key for reads (held by the console's server process; the
+    admin token is never given to the console: operators sign in with it), the twin's timing
+    profile and how often live pages refresh."""
 
     backend_url: str = DEFAULT_BACKEND_URL
     api_key: str = field(default="", repr=False)
-    admin_token: str = field(default="", repr=False)
     twin_profile: str = str(DEFAULT_TWIN_PROFILE)
     refresh_s: float = DEFAULT_REFRESH_S
 
@@ -41,7 +41,6 @@ class ConsoleSettings:
         return cls(
             backend_url=env.get(ENV_BACKEND) or DEFAULT_BACKEND_URL,
             api_key=env.get(ENV_API_KEY) or "",
-            admin_token=env.get(ENV_ADMIN_TOKEN) or "",
             twin_profile=env.get(ENV_TWIN_PROFILE) or str(DEFAULT_TWIN_PROFILE),
             refresh_s=refresh_s if refresh_s > 0 else DEFAULT_REFRESH_S,
         )
@@ -51,7 +50,6 @@ class ConsoleSettings:
         return {
             ENV_BACKEND: self.backend_url,
             ENV_API_KEY: self.api_key,
-            ENV_ADMIN_TOKEN: self.admin_token,
             ENV_TWIN_PROFILE: self.twin_profile,
             ENV_REFRESH_S: str(self.refresh_s),
         }

@@ -16,7 +16,6 @@ from console.settings import (
     DEFAULT_BACKEND_URL,
     DEFAULT_REFRESH_S,
     DEFAULT_TWIN_PROFILE,
-    ENV_ADMIN_TOKEN,
     ENV_API_KEY,
     ENV_BACKEND,
     ConsoleSettings,
@@ -58,10 +57,12 @@ def console_command(
     host: str = typer.Option("127.0.0.1", "--host", help="Address the console listens on."),
     port: int = typer.Option(DEFAULT_PORT, "--port", min=1, max=65535, help="Console port."),
     api_key: str = typer.Option(
-        "", "--api-key", envvar=ENV_API_KEY, help="Pre-fills the sidebar's API key."
-    ),
-    admin_token: str = typer.Option(
-        "", "--admin-token", envvar=ENV_ADMIN_TOKEN, help="Pre-fills the admin token."
+        "",
+        "--api-key",
+        envvar=ENV_API_KEY,
+        help="The API key the console reads with; it stays in the console's process, never "
+        "sent to a browser (without one, operators sign in with a key). Changes need the admin "
+        "token, which operators sign in with in their browser: the console is never given it.",
     ),
     secrets_file: Path = typer.Option(
         DEFAULT_SECRETS_PATH,
@@ -87,7 +88,6 @@ def console_command(
         raise typer.Exit(_EXIT_BAD_INPUT) from None
     backend = backend or saved.get("KVC_URL") or DEFAULT_BACKEND_URL
     api_key = api_key or saved.get("KVC_API_KEY", "")
-    admin_token = admin_token or saved.get("KVC_ADMIN_TOKEN", "")
     if twin_profile not in (*_BUILTIN_PROFILES, "live") and not Path(twin_profile).is_file():
         typer.echo(f"error: --twin-profile: no file {twin_profile}", err=True)
         raise typer.Exit(_EXIT_BAD_INPUT)
@@ -97,7 +97,6 @@ def console_command(
     settings = ConsoleSettings(
         backend_url=backend,
         api_key=api_key,
-        admin_token=admin_token,
         twin_profile=str(Path(twin_profile).resolve())
         if twin_profile not in (*_BUILTIN_PROFILES, "live")
         else twin_profile,

@@ -178,7 +178,8 @@ def up_command(
             children.append(conductor)
             wait_for("the conductor's /healthz", lambda: get_json(f"{base_url}/healthz"), children)
             if not no_console:  # starts while the agents load their models
-                keys = {"KVC_CONSOLE_API_KEY": api_key, "KVC_CONSOLE_ADMIN_TOKEN": admin_token}
+                # Its API key only: operators sign in with the admin token in their browser.
+                keys = {"KVC_CONSOLE_API_KEY": api_key}
                 args = ["--backend", base_url, "--host", "127.0.0.1", "--port", str(console_port)]
                 children.append(
                     Child(
@@ -217,7 +218,11 @@ def up_command(
         typer.echo(
             f"kvcentric up: conductor and {prefill} prefill + {decode} decode agents running\n"
             f"  REST API: {base_url}/v1   docs: {base_url}/docs   metrics: {base_url}/metrics\n"
-            + ("" if no_console else f"  console: {console_url}\n")
+            + (
+                ""
+                if no_console
+                else f"  console: {console_url} (sign in with the admin token to apply changes)\n"
+            )
             + f"  agents join at 127.0.0.1:{gport}\n"
             f"  model: {model}; cost model: {profile} profile; SLOs on first start: TTFT "
             f"{ttft_slo_s * 1000:.0f} ms, TBT {tbt_slo_s * 1000:.1f} ms\n"

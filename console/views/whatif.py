@@ -170,7 +170,8 @@ def apply(whatif: dict[str, Any]) -> None:
     backend = client()
     if not backend.admin_token:
         st.error(
-            "Applying a change needs the admin token: enter it in the sidebar. Nothing changed."
+            "Applying a change needs the admin token: sign in with it in the sidebar. "
+            "Nothing changed."
         )
         return
     summary = predictions.summarize(

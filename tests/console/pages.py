@@ -31,3 +31,18 @@ def shown_as_in(shown: str, key: str, reports: list[dict]) -> bool:
 
 def num_charts(app: AppTest) -> int:
     return len(app.get("plotly_chart"))
+
+
+def sign_in_as_admin(app: AppTest, token: str) -> AppTest:
+    """Type `token` into the sidebar's admin sign-in form and submit it, as an operator does."""
+    app.sidebar.text_input(key="admin_token_entry").set_value(token)
+    (submit,) = [button for button in app.sidebar.button if button.label == "Sign in as admin"]
+    return submit.click().run()
+
+
+def widget_and_text_values(app: AppTest) -> list[str]:
+    """Every value a page shows or holds in a widget (what Streamlit sends to the browser)."""
+    shown: list[str] = []
+    for kind in ("text_input", "markdown", "caption", "error", "success", "warning", "info"):
+        shown += [str(getattr(element, "value", "")) for element in app.get(kind)]
+    return shown

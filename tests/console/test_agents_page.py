@@ -5,7 +5,7 @@ empty, and otherwise drains and switches the agent in the running Conductor."""
 import time
 
 from tests.console.conftest import ADMIN_TOKEN
-from tests.console.pages import errors, metrics, num_charts, open_page
+from tests.console.pages import errors, metrics, num_charts, open_page, sign_in_as_admin
 from tests.harness.agents import AgentProcess, stop_agents
 from tests.runtime.conftest import SECRET
 
@@ -54,14 +54,14 @@ def test_a_switch_without_the_admin_token_is_refused_clearly(app, backend):
     decode = next(a for a in backend.get("/v1/agents") if a["role"] == "decode")
     _ask_to_switch(app, decode["instance_id"]).button(key="switch_confirm").click().run()
     assert errors(app) == [
-        f"cannot switch {decode['instance_id']}: this change needs the admin token: enter it "
-        "in the sidebar"
+        f"cannot switch {decode['instance_id']}: this change needs the admin token: sign in "
+        "with it in the sidebar"
     ]
 
 
 def test_switching_the_last_agent_of_a_role_is_a_readable_409(app, backend):
     open_page(app, "agents")
-    app.sidebar.text_input(key="admin_token").set_value(ADMIN_TOKEN).run()
+    sign_in_as_admin(app, ADMIN_TOKEN)
     decode = next(a for a in backend.get("/v1/agents") if a["role"] == "decode")
     _ask_to_switch(app, decode["instance_id"]).button(key="switch_confirm").click().run()
     (message,) = errors(app)
@@ -79,7 +79,7 @@ def test_a_confirmed_switch_drains_and_switches_the_agent_and_is_audited(app, ba
             assert time.monotonic() < deadline, "the extra agent did not join"
             time.sleep(0.05)
         open_page(app, "agents")
-        app.sidebar.text_input(key="admin_token").set_value(ADMIN_TOKEN).run()
+        sign_in_as_admin(app, ADMIN_TOKEN)
         _ask_to_switch(app, extra.instance_id).button(key="switch_confirm").click().run()
         assert not errors(app)
         assert app.success[0].value == f"{extra.instance_id} now serves as prefill."

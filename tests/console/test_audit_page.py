@@ -46,7 +46,7 @@ def test_without_a_key_the_page_says_what_to_do(app, monkeypatch):
     monkeypatch.delenv("KVC_CONSOLE_API_KEY")
     open_page(app, "audit")
     assert errors(app) == [
-        "cannot read the audit log: no API key: enter one in the sidebar (`kvcentric up` "
+        "cannot read the audit log: no API key: sign in with one in the sidebar (`kvcentric up` "
         "prints it at start as KVC_API_KEY and keeps it in data/secrets.env)"
     ]
 

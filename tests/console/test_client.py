@@ -21,7 +21,7 @@ def test_reads_with_the_api_key(backend):
     [
         (BackendClient("", api_key=API_KEY), "cannot reach the backend", None),
         (BackendClient("http://127.0.0.1:1", api_key=API_KEY), "connection refused", None),
-        (BackendClient("URL", api_key=""), "no API key: enter one in the sidebar", None),
+        (BackendClient("URL", api_key=""), "no API key: sign in with one in the sidebar", None),
         (BackendClient("URL", api_key="wrong"), "refused the credentials (401", 401),
         (BackendClient("URL", api_key="Bearer x y"), "(401 unauthorized)", 401),
     ],

@@ -13,9 +13,7 @@ runner = CliRunner()
 
 
 def test_the_console_runs_headless_on_loopback_with_secrets_in_its_environment():
-    settings = ConsoleSettings(
-        backend_url="http://10.0.0.5:8000", api_key="key-123", admin_token="admin-456"
-    )
+    settings = ConsoleSettings(backend_url="http://10.0.0.5:8000", api_key="key-123")
     args, env = streamlit_command(settings, host="127.0.0.1", port=8600)
     assert args[1:5] == ["-m", "streamlit", "run", str(APP_PATH)]
     options = dict(zip(args[5::2], args[6::2], strict=True))
@@ -23,7 +21,7 @@ def test_the_console_runs_headless_on_loopback_with_secrets_in_its_environment()
     assert options["--server.port"] == "8600"
     assert options["--server.headless"] == "true"
     assert options["--browser.gatherUsageStats"] == "false"
-    assert not any("key-123" in arg or "admin-456" in arg for arg in args)
+    assert not any("key-123" in arg for arg in args)
     assert ConsoleSettings.from_env(env) == settings
 
 

@@ -1,8 +1,18 @@
 """The Live page against the real backend: its figures are GET /v1/report's, and a backend
 that cannot be reached, or refuses the key, is one readable error, not a traceback."""
 
-from tests.console.conftest import NUM_COMPLETED, NUM_REJECTED, free_port
-from tests.console.pages import errors, metrics, num_charts, open_page, shown_as_in
+import pytest
+
+from tests.console.conftest import ADMIN_TOKEN, API_KEY, NUM_COMPLETED, NUM_REJECTED, free_port
+from tests.console.pages import (
+    errors,
+    metrics,
+    num_charts,
+    open_page,
+    shown_as_in,
+    sign_in_as_admin,
+    widget_and_text_values,
+)
 
 WINDOW_S = 300.0  # the page's default window
 # Label on the page -> the report's key.
@@ -81,15 +91,27 @@ def test_a_wrong_api_key_is_a_readable_401(app, monkeypatch):
     open_page(app, "live")
     (message,) = errors(app)
     assert "refused the credentials (401 unauthorized): invalid credentials" in message
-    assert message.endswith("Check the API key in the sidebar.")
+    assert message.endswith("Check the console's --api-key or the key you signed in with.")
 
 
-def test_the_sidebar_is_prefilled_and_the_admin_token_is_a_password(app, backend):
-    open_page(app, "live")
+@pytest.mark.parametrize("page", ["live", "cache", "agents", "whatif", "audit"])
+def test_no_page_carries_a_secret_and_admin_sign_in_is_checked(app, backend, page):
+    """The API key the console holds and the admin token an operator signs in with stay in
+    the server process: no widget value and no text of any page holds them."""
+    open_page(app, page)
     fields = {field.label: field for field in app.sidebar.text_input}
     assert fields["Backend URL"].value == backend.url
-    assert fields["API key"].value and fields["Admin token"].value == ""
+    assert "API key" not in fields  # the console's own key reads; no field for it
     assert fields["Admin token"].proto.type == fields["Admin token"].proto.PASSWORD
+    sign_in_as_admin(app, "not-the-admin-token")
+    assert any("Admin sign-in: the backend refused the credentials" in e for e in errors(app))
+    assert "_signed_in_admin_token" not in app.session_state
+    sign_in_as_admin(app, ADMIN_TOKEN)
+    assert not errors(app)
+    assert any("Signed in as admin" in caption.value for caption in app.sidebar.caption)
+    assert "Admin token" not in {field.label for field in app.sidebar.text_input}
+    shown = widget_and_text_values(app)
+    assert shown and not [value for value in shown if API_KEY in value or ADMIN_TOKEN in value]
 
 
 def test_the_window_stays_chosen_on_the_other_pages(app):

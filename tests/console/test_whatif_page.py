@@ -11,7 +11,7 @@ from console import format as fmt
 from console.settings import DEFAULT_TWIN_PROFILE
 from console.whatif import rows_from_jsonl
 from tests.console.conftest import ADMIN_TOKEN, NUM_COMPLETED, NUM_REJECTED
-from tests.console.pages import errors, metrics, num_charts, open_page
+from tests.console.pages import errors, metrics, num_charts, open_page, sign_in_as_admin
 from twin.compare import compare
 from twin.config import TwinConfig
 
@@ -132,11 +132,11 @@ def test_apply_needs_the_admin_token_and_then_changes_the_conductor(app, backend
     _run_whatif(app, threshold=3.0)
     app.button(key="whatif_apply").click().run()
     assert errors(app) == [
-        "Applying a change needs the admin token: enter it in the sidebar. Nothing changed."
+        "Applying a change needs the admin token: sign in with it in the sidebar. Nothing changed."
     ]
     assert backend.get("/v1/config") == before
 
-    app.sidebar.text_input(key="admin_token").set_value(ADMIN_TOKEN).run()
+    sign_in_as_admin(app, ADMIN_TOKEN)
     app.button(key="whatif_apply").click().run()
     assert not errors(app)
     after = backend.get("/v1/config")
