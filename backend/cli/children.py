@@ -10,6 +10,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
@@ -24,20 +25,24 @@ class ChildFailed(Exception):
 
 
 class Child:
-    """One subprocess of the stack, its output in a log file."""
+    """One subprocess of the stack, its output in a log file (appended to on a restart)."""
 
     def __init__(
         self, name: str, args: list[str], env: dict[str, str], log: Path, *, stdout_pipe: bool
     ) -> None:
         self.name = name
         self.log = log
+        self._args, self._env, self._stdout_pipe = args, env, stdout_pipe
         self._log_file: IO[str] = log.open("w")
-        self.process = subprocess.Popen(
-            args,
-            stdout=subprocess.PIPE if stdout_pipe else self._log_file,
+        self.process = self._spawn()
+
+    def _spawn(self) -> "subprocess.Popen[str]":
+        return subprocess.Popen(
+            self._args,
+            stdout=subprocess.PIPE if self._stdout_pipe else self._log_file,
             stderr=self._log_file,
             stdin=subprocess.DEVNULL,
-            env=env,
+            env=self._env,
             text=True,
             # Its own session: Ctrl-C reaches `up` only, which stops the children in order.
             start_new_session=True,
@@ -47,6 +52,13 @@ class Child:
         code = self.process.poll()
         if code is not None:
             raise ChildFailed(f"{self.name} exited with code {code}; see its log {self.log}")
+
+    def restart(self) -> None:
+        """Start it again with the same command line and environment (a dead child only)."""
+        assert self.process.poll() is not None, f"{self.name} is still running"
+        self._log_file.write(f"\n--- restarted by the supervisor at {time.ctime()} ---\n")
+        self._log_file.flush()
+        self.process = self._spawn()
 
     def terminate(self) -> None:
         if self.process.poll() is None:
@@ -59,6 +71,65 @@ class Child:
             self.process.kill()
             self.process.wait()
         self._log_file.close()
+
+
+class Supervisor:
+    """Keeps a stack's children running: one that exits is reported and started again after
+    a backoff that doubles with each exit of it (from `first_backoff_s` to `max_backoff_s`),
+    the same command line (an agent under its instance id, the Conductor on its database).
+    A child that exits `max_exits` times within `window_s` keeps dying: `poll` raises
+    ChildFailed naming it, and the caller stops the stack. Called from one thread."""
+
+    def __init__(
+        self,
+        children: list[Child],
+        report: Callable[[str], None],
+        *,
+        first_backoff_s: float = 1.0,
+        max_backoff_s: float = 30.0,
+        max_exits: int = 5,
+        window_s: float = 120.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.children = children
+        self.report = report
+        self.first_backoff_s, self.max_backoff_s = first_backoff_s, max_backoff_s
+        self.max_exits, self.window_s = max_exits, window_s
+        self._clock = clock
+        self._exits: dict[str, list[float]] = {}  # child name -> times it exited
+        self._restart_at: dict[str, float] = {}  # child name -> when to start it again
+        self.num_restarts = 0
+
+    def poll(self) -> None:
+        """Notice exits and start again the children whose backoff has passed."""
+        now_s = self._clock()
+        for child in self.children:
+            name = child.name
+            if name in self._restart_at:
+                if now_s >= self._restart_at[name]:
+                    del self._restart_at[name]
+                    child.restart()
+                    self.num_restarts += 1
+                    self.report(f"{name} restarted (pid {child.process.pid})")
+                continue
+            code = child.process.poll()
+            if code is None:
+                continue
+            exits = [t for t in self._exits.get(name, []) if now_s - t < self.window_s]
+            exits.append(now_s)
+            self._exits[name] = exits
+            if len(exits) >= self.max_exits:
+                raise ChildFailed(
+                    f"{name} keeps dying: {len(exits)} exits in {self.window_s:.0f} s (the last "
+                    f"with code {code}); see its log {child.log}"
+                )
+            backoff_s = min(self.first_backoff_s * 2 ** (len(exits) - 1), self.max_backoff_s)
+            self._restart_at[name] = now_s + backoff_s
+            self.report(
+                f"{name} exited with code {code}; starting it again in {backoff_s:g} s "
+                f"(exit {len(exits)} of at most {self.max_exits - 1} in {self.window_s:.0f} s; "
+                f"log {child.log})"
+            )
 
 
 def agent_names(num_prefill: int, num_decode: int) -> list[tuple[str, str]]:

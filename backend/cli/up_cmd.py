@@ -6,14 +6,19 @@ conductor` on SQLite under --data-dir, waits for /healthz, starts the operator c
 (`kvcentric console`, pre-filled with the keys) and the `tiny` agents on free loopback
 ports, waits until they have joined and the console answers, replays a length-scaled window
 of the shipped trace and prints its summary, then keeps the stack running until Ctrl-C or
-SIGTERM, which stops every child (SIGTERM, then wait).
+SIGTERM, which stops every child (SIGTERM, then wait). Meanwhile a child that dies (the
+Conductor, an agent, the console) is reported and started again with backoff, the Conductor
+on its database and an agent under its instance id; one that keeps dying stops the stack
+with a non-zero exit.
 """
 
 import os
 import secrets
 import signal
 import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
@@ -24,6 +29,7 @@ from backend.cli.children import (
     SECRET_BYTES,
     Child,
     ChildFailed,
+    Supervisor,
     agent_child,
     agent_names,
     answers,
@@ -166,6 +172,7 @@ def up_command(
     gport = grpc_port if grpc_port is not None else free_port("127.0.0.1")
     children: list[Child] = []
     replay: Child | None = None
+    supervising: _Supervising | None = None
     try:
         try:
             conductor = Child(
@@ -235,6 +242,7 @@ def up_command(
             err=False,
         )
         sys.stdout.flush()
+        supervising = _Supervising(Supervisor(children, report=_report), lambda: replay)
         if not no_replay:
             typer.echo(f"replaying minutes {minutes} of the shipped trace ...")
             sys.stdout.flush()
@@ -252,15 +260,15 @@ def up_command(
             code = replay.process.wait()
             replay.wait()
             replay = None
+            supervising.check()
             if code == 0:
                 typer.echo("replay finished")
             else:
                 typer.echo(f"replay failed (exit {code}); see {logs / 'replay.log'}")
-        typer.echo("the stack keeps running; Ctrl-C stops it")
+        typer.echo("the stack keeps running (a child that dies is started again); Ctrl-C stops it")
         sys.stdout.flush()
         while True:
-            for child in children:
-                child.check_alive()
+            supervising.check()
             time.sleep(0.5)
     except KeyboardInterrupt:
         typer.echo("stopping ...", err=True)
@@ -270,5 +278,45 @@ def up_command(
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if supervising is not None:
+            supervising.stop()
         stop_stack(replay, children)
     typer.echo("stopped", err=True)
+
+
+def _report(message: str) -> None:
+    typer.echo(f"supervisor: {message}", err=True)
+    sys.stderr.flush()
+
+
+class _Supervising:
+    """The supervisor's polls on a thread of their own (the main thread relays the replay's
+    output). A child that keeps dying ends the replay, and `check` raises its ChildFailed in
+    the main thread."""
+
+    def __init__(self, supervisor: Supervisor, replay: Callable[[], Child | None]) -> None:
+        self._supervisor, self._replay = supervisor, replay
+        self._failure: ChildFailed | None = None
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="supervisor", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stopping.wait(0.5):
+            try:
+                self._supervisor.poll()
+            except ChildFailed as error:
+                self._failure = error
+                running = self._replay()
+                if running is not None:
+                    running.terminate()
+                return
+
+    def check(self) -> None:
+        if self._failure is not None:
+            raise self._failure
+
+    def stop(self) -> None:
+        """No restart from now on (the stack is being stopped)."""
+        self._stopping.set()
+        self._thread.join(5)
