@@ -29,7 +29,7 @@ class TwinConfig:
     scheduler: str = "kvcache-centric"
     rejection: str = "early-predicted"
     threshold: float = 2.0
-    eviction: str = "lru"
+    eviction: str = _POLICY.eviction_policy
     # None: the paper's rule, 10x the TTFT and 5x the TBT of a lone request of the trace's
     # mean length on this profile (twin.slo.derive_slos).
     ttft_slo_s: float | None = None

@@ -69,7 +69,8 @@ def _render_tables(summary: dict, out_dir: Path, doc_path: Path) -> str:
             f"[`{link}/`]({link}/) (the interactive plots and full reports are not committed: "
             f"`kvcentric twin paper --out {out_dir}` writes them there). Trace: "
             f"`{trace['file']}`, {trace['num_rows']:,} requests. Every run uses the twin "
-            "defaults (`TwinConfig()`) except the settings its section names; nothing was "
+            "defaults with the paper's plain LRU in the pools (`PAPER_BASE`) except the "
+            "settings its section names; nothing was "
             "tuned towards the paper. The paper's figures come from its own trace (about "
             "23,000 requests) on its A800 cluster, so absolute values are not expected to "
             "match; orderings and ratios are what can be compared.",

@@ -6,6 +6,7 @@ is 32 KiB. Times are wall-clock on this machine, SSD files in `ssd_root` (the sy
 temporary directory unless given), fsync included.
 """
 
+import itertools
 import os
 import random
 import tempfile
@@ -49,12 +50,14 @@ def bench_pool(
                 call(keys[at : at + num_blocks_per_call], at)
             return (time.perf_counter() - start) / len(keys) * 1e6
 
+        ticks = itertools.count(1)  # each call at a time of its own, as in real traffic
+
         def store(keys: list[int], at: int) -> object:
             offset = keys[0] - 1
-            return shard.store(keys, blocks[offset : offset + len(keys)], 0.0, at)
+            return shard.store(keys, blocks[offset : offset + len(keys)], float(next(ticks)), at)
 
         def load(keys: list[int], at: int) -> object:
-            return shard.load(keys, 1.0)
+            return shard.load(keys, float(next(ticks)))
 
         figures = {"block_bytes": float(block_bytes), "num_blocks": float(num_blocks)}
         figures["dram_store_us_per_block"] = per_block(first, store)

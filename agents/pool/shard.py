@@ -19,6 +19,7 @@ from agents.pool.ssd_files import SsdDir
 from agents.pool.state import ShardState, Work
 from agents.pool.tiers import DramTier, SsdTier
 from backend.policy.events import KvEvicted, KvStored
+from backend.policy.eviction import DEFAULT_EVICTION_POLICY
 from backend.policy.index import Tier
 
 logger = logging.getLogger(__name__)
@@ -42,7 +43,7 @@ class KvPoolShard:
         dram_capacity_bytes: int,
         ssd_dir: Path | None = None,
         ssd_capacity_bytes: int = 0,
-        eviction_policy: str = "lru",
+        eviction_policy: str = DEFAULT_EVICTION_POLICY,
     ) -> None:
         if block_bytes <= 0:
             raise ValueError(f"block_bytes must be positive, got {block_bytes}")

@@ -19,6 +19,7 @@ _EXIT_BAD_INPUT = 2
 
 
 class EvictionPolicy(StrEnum):
+    prefix_lru = "prefix-lru"
     lru = "lru"
     lfu = "lfu"
     length_aware = "length-aware"

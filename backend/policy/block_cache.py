@@ -8,7 +8,7 @@ evicted; an insert that finds only pinned blocks to evict is refused.
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from backend.policy.eviction import IsPinned, make_eviction_order
+from backend.policy.eviction import DEFAULT_EVICTION_POLICY, IsPinned, make_eviction_order
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,7 +24,7 @@ class Inserted:
 class BlockCache:
     """Keys of at most `capacity_blocks` blocks (None: unlimited), evicted by `policy`."""
 
-    def __init__(self, capacity_blocks: int | None, policy: str = "lru") -> None:
+    def __init__(self, capacity_blocks: int | None, policy: str = DEFAULT_EVICTION_POLICY) -> None:
         if capacity_blocks is not None and capacity_blocks < 0:
             raise ValueError(f"capacity_blocks must be >= 0, got {capacity_blocks}")
         self.capacity_blocks = capacity_blocks

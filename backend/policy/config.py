@@ -5,13 +5,15 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
+from backend.policy.eviction import DEFAULT_EVICTION_POLICY
+
 PrefillScheduler = Literal["kvcache-centric", "cache-aware", "load-balancing", "random"]
 RejectionPolicy = Literal["none", "baseline", "early", "early-predicted"]
-EvictionPolicy = Literal["lru", "lfu", "length-aware"]
+EvictionPolicy = Literal["prefix-lru", "lru", "lfu", "length-aware"]
 
 PREFILL_SCHEDULERS: tuple[str, ...] = ("kvcache-centric", "cache-aware", "load-balancing", "random")
 REJECTION_POLICIES: tuple[str, ...] = ("none", "baseline", "early", "early-predicted")
-EVICTION_POLICIES: tuple[str, ...] = ("lru", "lfu", "length-aware")
+EVICTION_POLICIES: tuple[str, ...] = ("prefix-lru", "lru", "lfu", "length-aware")
 _INT_FIELDS = ("block_size", "decode_time_window", "seed", "max_in_flight_requests")
 _NUMBER_FIELDS = (
     "kvcache_balancing_threshold",
@@ -35,7 +37,7 @@ class PolicyConfig:
     # Fetch a remote prefix when it is at least this many times longer than the local one.
     kvcache_balancing_threshold: float = 2.0
     rejection_policy: RejectionPolicy = "early-predicted"
-    eviction_policy: EvictionPolicy = "lru"
+    eviction_policy: EvictionPolicy = DEFAULT_EVICTION_POLICY
     ttft_slo_s: float = 30.0
     tbt_slo_s: float = 0.1
     # t_d: the uniform decode time early-predicted assumes for every decoding request.

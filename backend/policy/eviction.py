@@ -1,16 +1,23 @@
-"""Eviction order of a pool shard: LRU, LFU or length-aware; pinned blocks are never chosen.
+"""Eviction order of a pool shard: prefix-aware LRU (the pools' default), the paper's plain
+LRU, LFU or length-aware; pinned blocks are never chosen.
 
 Each order is told of inserts, accesses and removals with the event time `now_s`, and
-`pop_victims` removes and returns the next blocks to evict, in one pass. LFU breaks
-frequency ties by least recent access; length-aware evicts the deepest block first (a deep
-block is reusable only while every block before it is cached), then the least recent.
+`pop_victims` removes and returns the next blocks to evict, in one pass. Plain LRU evicts
+the least recently touched block; a prompt's blocks are touched front to back, so it takes
+a prefix's head first and orphans the blocks behind it (unreachable without the head).
+Prefix-aware LRU breaks ties of recency by depth, deepest first: every use of a block also
+uses the blocks before it, so a head is always at least as recent as its tail and a prefix
+shrinks from its tail (as SGLang evicts radix-tree leaves and vLLM frees a request's blocks
+in reverse). LFU breaks frequency ties by least recent access; length-aware evicts the
+deepest block first (a deep block is reusable only while every block before it is cached),
+then the least recent.
 """
 
 import heapq
 import itertools
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Protocol
+from typing import Final, Protocol
 
 IsPinned = Callable[[int], bool]
 
@@ -94,6 +101,35 @@ class _HeapOrder:
         return victims
 
 
+class PrefixLruOrder(_HeapOrder):
+    """Least recently used first; among blocks used at the same time, the deepest first."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._depth: dict[int, int] = {}
+
+    def _rank(self, key: int, now_s: float) -> tuple[float, float]:
+        return now_s, float(-self._depth[key])
+
+    def on_insert(self, key: int, now_s: float, depth: int) -> None:
+        self._depth[key] = depth
+        self._push(key, now_s)
+
+    def on_access(self, key: int, now_s: float) -> None:
+        if key in self._current:
+            self._push(key, now_s)
+
+    def on_remove(self, key: int) -> None:
+        super().on_remove(key)
+        self._depth.pop(key, None)
+
+    def pop_victims(self, num_blocks: int, is_pinned: IsPinned) -> list[int]:
+        victims = super().pop_victims(num_blocks, is_pinned)
+        for victim in victims:
+            del self._depth[victim]
+        return victims
+
+
 class LfuOrder(_HeapOrder):
     """Least frequently used first; ties go to the least recently used."""
 
@@ -153,7 +189,11 @@ class LengthAwareOrder(_HeapOrder):
         return victims
 
 
+# The pools' default (agents, the twin, the Conductor's settings): prefixes shrink from the tail.
+DEFAULT_EVICTION_POLICY: Final = "prefix-lru"
+
 _ORDERS: dict[str, Callable[[], EvictionOrder]] = {
+    "prefix-lru": PrefixLruOrder,
     "lru": LruOrder,
     "lfu": LfuOrder,
     "length-aware": LengthAwareOrder,
@@ -161,7 +201,7 @@ _ORDERS: dict[str, Callable[[], EvictionOrder]] = {
 
 
 def make_eviction_order(policy: str) -> EvictionOrder:
-    """A fresh eviction order for `policy` ("lru", "lfu" or "length-aware")."""
+    """A fresh eviction order for `policy` ("prefix-lru", "lru", "lfu" or "length-aware")."""
     try:
         return _ORDERS[policy]()
     except KeyError:

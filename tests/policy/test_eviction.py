@@ -1,4 +1,4 @@
-"""Eviction orders through BlockCache: LRU, LFU, length-aware, and pins."""
+"""Eviction orders through BlockCache: prefix-aware LRU, LRU, LFU, length-aware, and pins."""
 
 import pytest
 
@@ -20,6 +20,7 @@ def fill(cache: BlockCache, keys_depths_times) -> list[int]:
     [
         # a(depth 0, t0, 3 hits)  b(depth 2, t1, 1 hit)  c(depth 1, t2, 2 hits); a touched at t3
         ("lru", "b"),  # least recently used: b (t1)
+        ("prefix-lru", "b"),  # the same: no tie of recency to break
         ("lfu", "b"),  # fewest hits: b (inserted once, never accessed)
         ("length-aware", "b"),  # deepest: b (depth 2)
     ],
@@ -53,7 +54,7 @@ def test_policies_disagree_where_they_should() -> None:
 
 
 def test_pinned_blocks_are_never_evicted() -> None:
-    for policy in ("lru", "lfu", "length-aware"):
+    for policy in ("prefix-lru", "lru", "lfu", "length-aware"):
         cache = BlockCache(2, policy)
         fill(cache, [(1, 0, 0.0), (2, 1, 1.0)])
         cache.pin([1, 2])
@@ -108,3 +109,24 @@ def test_insert_blocks_never_evicts_its_own_batch_and_drops_the_deepest_first() 
     # Blocks already held are neither re-stored nor counted as refused.
     again = cache.insert_blocks([10, 11], now_s=2.0)
     assert (again.num_stored, again.num_refused, again.evicted) == (0, 0, [])
+
+
+def test_a_prefix_leaves_the_pool_from_its_tail_under_prefix_lru_and_from_its_head_under_lru():
+    """A prompt's blocks are stored and reused front to back, at one time each: plain LRU
+    (the paper's, `trace cache-sim --policy lru`) evicts the head first, which orphans the
+    blocks behind it; the pools' default evicts the tail first, keeping a usable prefix."""
+    orders = {}
+    for policy in ("lru", "prefix-lru"):
+        cache = BlockCache(6, policy)
+        cache.insert_blocks([1, 2, 3, 4], 0.0)  # a prompt of four blocks
+        cache.insert_blocks([5, 6], 1.0)  # another, later
+        assert cache.match_prefix([1, 2, 3], 2.0) == 3  # the first reused, in part, at t2
+        inserted = cache.insert_blocks([7, 8, 9], 3.0)
+        orders[policy] = inserted.evicted
+    assert orders["lru"] == [4, 5, 6]  # t0, then t1 (front to back): 5 before 6
+    assert orders["prefix-lru"] == [4, 6, 5]  # t0; then t1's tail first
+    cache = BlockCache(4)  # the default
+    assert cache.policy == "prefix-lru"
+    cache.insert_blocks([1, 2, 3, 4], 0.0)
+    assert cache.insert_blocks([5, 6], 1.0).evicted == [4, 3]
+    assert cache.match_prefix([1, 2, 3, 4], 2.0) == 2  # the head is still reusable

@@ -123,7 +123,7 @@ def test_a_directory_is_one_error_line(tmp_path):
 @pytest.mark.parametrize(
     ("options", "problem"),
     [
-        (["--policy", "fifo"], "'fifo' is not one of 'lru', 'lfu', 'length-aware'"),
+        (["--policy", "fifo"], "'fifo' is not one of 'prefix-lru', 'lru', 'lfu', 'length-aware'"),
         (["--policy", "lru", "--capacity-blocks", "-1"], "--capacity-blocks"),
         (["--policy", "lru", "--minutes", "5:3"], "needs A < B"),
     ],
