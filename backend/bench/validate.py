@@ -14,8 +14,6 @@ import dataclasses
 import itertools
 import json
 import math
-import os
-import secrets
 import shutil
 import statistics
 import tempfile
@@ -26,18 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from backend.cli.children import (
-    KVCENTRIC,
-    SECRET_BYTES,
-    Child,
-    agent_child,
-    agent_names,
-    free_port,
-    get_json,
-    shared_host_threads,
-    stop_stack,
-    wait_for,
-)
+from backend.cli.children import KVCENTRIC, Child, get_json, start_local_stack
 from backend.observe.measures import FIDELITY_METRICS, relative_error
 from backend.policy.config import PolicyConfig, json_safe, policy_from_json
 from backend.traces.loader import TraceRow, iter_trace, load_trace, parse_minutes
@@ -134,68 +121,21 @@ def run_live(
     calibration as of the end of warm-up and the policy in force."""
     num_prefill = int(change.get("prefill", settings.num_prefill))
     num_decode = int(change.get("decode", settings.num_decode))
-    api_key = secrets.token_urlsafe(SECRET_BYTES)
-    env = {
-        **os.environ,
-        "KVC_API_KEYS": f"validate:{api_key}",
-        "KVC_ADMIN_TOKEN": secrets.token_urlsafe(SECRET_BYTES),
-        "KVC_AGENT_SECRET": secrets.token_urlsafe(SECRET_BYTES),
-        "KVC_DATA_DIR": str(work_dir / "data"),
-        "KVC_API_KEY": api_key,
-        "KVC_BLOCK_SIZE": str(settings.block_size),
-        "KVC_TTFT_SLO_S": f"{settings.ttft_slo_s:.6f}",
-        "KVC_TBT_SLO_S": f"{settings.tbt_slo_s:.6f}",
-        **env_of_change(change),
-    }
-    logs = work_dir / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    port, grpc_port = free_port("127.0.0.1"), free_port("127.0.0.1")
-    base_url = f"http://127.0.0.1:{port}"
-    children: list[Child] = []
+    on_status(f"starting a conductor and {num_prefill}P+{num_decode}D tiny agents")
+    stack = start_local_stack(
+        work_dir,
+        num_prefill=num_prefill,
+        num_decode=num_decode,
+        block_size=settings.block_size,
+        profile=settings.profile,
+        env={
+            "KVC_TTFT_SLO_S": f"{settings.ttft_slo_s:.6f}",
+            "KVC_TBT_SLO_S": f"{settings.tbt_slo_s:.6f}",
+            **env_of_change(change),
+        },
+    )
+    base_url, api_key, env, children = stack.base_url, stack.api_key, stack.env, stack.children
     try:
-        on_status(f"starting a conductor and {num_prefill}P+{num_decode}D tiny agents")
-        children.append(
-            Child(
-                "conductor",
-                [
-                    KVCENTRIC,
-                    "conductor",
-                    "--host",
-                    "127.0.0.1",
-                    "--port",
-                    str(port),
-                    "--grpc-host",
-                    "127.0.0.1",
-                    "--grpc-port",
-                    str(grpc_port),
-                    "--profile",
-                    settings.profile,
-                ],
-                env,
-                logs / "conductor.log",
-                stdout_pipe=False,
-            )
-        )
-        wait_for("the conductor's /healthz", lambda: get_json(f"{base_url}/healthz"), children)
-        roles = agent_names(num_prefill, num_decode)
-        for role, name in roles:
-            children.append(
-                agent_child(
-                    role,
-                    name,
-                    block_size=settings.block_size,
-                    conductor=f"127.0.0.1:{grpc_port}",
-                    env=env,
-                    logs=logs,
-                    torch_threads=shared_host_threads(len(roles)),
-                )
-            )
-
-        def joined() -> bool:
-            agents = get_json(f"{base_url}/v1/agents", api_key)
-            return isinstance(agents, list) and len(agents) >= len(roles)
-
-        wait_for(f"{len(roles)} agents to join", joined, children)
         warmup_start_s = time.time()
         if settings.warmup_minutes:
             on_status(f"replaying the warm-up, minutes {settings.warmup_minutes}")
@@ -217,7 +157,7 @@ def run_live(
         rows_text = _get_text(base_url, f"/v1/export/trace?{export}", api_key)
         calibration_after = _get(base_url, "/v1/calibration?max_points=0", api_key)
     finally:
-        stop_stack(None, children)
+        stack.stop()
     return {
         "ttfts_s": _recorded_ttfts(work_dir / "data", start_s, end_s),
         "report": report,

@@ -4,13 +4,15 @@ admission`): each child with its log, waiting until they are ready, stopping the
 
 import json
 import os
+import secrets
 import socket
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
@@ -219,3 +221,101 @@ def stop_stack(replay: Child | None, children: list[Child]) -> None:
             child.terminate()
         for child in group:
             child.wait()
+
+
+@dataclass
+class LocalStack:
+    """A Conductor (SQLite under `data_dir`, on free loopback ports) and its `tiny` agents,
+    started as `kvcentric up` starts them, for the commands that run a stack of their own
+    (`twin validate`, `chaos`). `children[0]` is the Conductor; then the agents, named
+    "agent <instance id>"."""
+
+    children: list[Child]
+    base_url: str
+    grpc_address: str
+    api_key: str
+    admin_token: str
+    env: dict[str, str]
+    logs: Path
+    data_dir: Path
+
+    @property
+    def conductor(self) -> Child:
+        return self.children[0]
+
+    def agent(self, instance_id: str) -> Child:
+        return next(c for c in self.children if c.name == f"agent {instance_id}")
+
+    @property
+    def database(self) -> Path:
+        return self.data_dir / "kvcentric.db"
+
+    def stop(self) -> None:
+        stop_stack(None, self.children)
+
+
+def start_local_stack(
+    work_dir: Path,
+    *,
+    num_prefill: int,
+    num_decode: int,
+    block_size: int,
+    profile: str,
+    env: Mapping[str, str] | None = None,
+) -> LocalStack:
+    """Start the stack under `work_dir` (data/, logs/) and wait until every agent has joined;
+    `env`: KVC_* settings of the Conductor beyond the secrets, which are generated. Stops
+    what it started and raises ChildFailed if a child dies or does not get ready."""
+    api_key = secrets.token_urlsafe(SECRET_BYTES)
+    admin_token = secrets.token_urlsafe(SECRET_BYTES)
+    data_dir, logs = work_dir / "data", work_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    full_env = {
+        **os.environ,
+        "KVC_API_KEYS": f"local:{api_key}",
+        "KVC_ADMIN_TOKEN": admin_token,
+        "KVC_AGENT_SECRET": secrets.token_urlsafe(SECRET_BYTES),
+        "KVC_DATA_DIR": str(data_dir),
+        "KVC_API_KEY": api_key,
+        "KVC_BLOCK_SIZE": str(block_size),
+        **(env or {}),
+    }
+    port, grpc_port = free_port("127.0.0.1"), free_port("127.0.0.1")
+    base_url = f"http://127.0.0.1:{port}"
+    stack = LocalStack(
+        [], base_url, f"127.0.0.1:{grpc_port}", api_key, admin_token, full_env, logs, data_dir
+    )
+    try:
+        conductor_args = [
+            KVCENTRIC, "conductor", "--host", "127.0.0.1", "--port", str(port),
+            "--grpc-host", "127.0.0.1", "--grpc-port", str(grpc_port), "--profile", profile,
+        ]  # fmt: skip
+        stack.children.append(
+            Child("conductor", conductor_args, full_env, logs / "conductor.log", stdout_pipe=False)
+        )
+        wait_for(
+            "the conductor's /healthz", lambda: get_json(f"{base_url}/healthz"), stack.children
+        )
+        roles = agent_names(num_prefill, num_decode)
+        for role, name in roles:
+            stack.children.append(
+                agent_child(
+                    role,
+                    name,
+                    block_size=block_size,
+                    conductor=stack.grpc_address,
+                    env=full_env,
+                    logs=logs,
+                    torch_threads=shared_host_threads(len(roles)),
+                )
+            )
+
+        def joined() -> bool:
+            agents = get_json(f"{base_url}/v1/agents", api_key)
+            return isinstance(agents, list) and len(agents) >= len(roles)
+
+        wait_for(f"{len(roles)} agents to join", joined, stack.children)
+    except BaseException:
+        stack.stop()
+        raise
+    return stack
