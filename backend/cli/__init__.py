@@ -9,6 +9,7 @@ from backend.cli import (
 )
 from backend.cli.agent_cmd import agent_command
 from backend.cli.bench_cmd import bench_app
+from backend.cli.chaos_cmd import chaos_command
 from backend.cli.conductor_cmd import CONDUCTOR_EPILOG, conductor_command
 from backend.cli.console_cmd import console_command
 from backend.cli.profile_cmd import profile
@@ -38,6 +39,7 @@ app.add_typer(trace_app, name="trace")
 app.add_typer(bench_app, name="bench")
 app.add_typer(twin_app, name="twin")
 app.command("agent")(agent_command)
+app.command("chaos")(chaos_command)
 app.command("conductor", epilog=CONDUCTOR_EPILOG)(conductor_command)
 app.command("console")(console_command)
 app.command("profile")(profile)

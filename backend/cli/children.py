@@ -8,6 +8,7 @@ import secrets
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -132,6 +133,44 @@ class Supervisor:
                 f"(exit {len(exits)} of at most {self.max_exits - 1} in {self.window_s:.0f} s; "
                 f"log {child.log})"
             )
+
+
+class SupervisingThread:
+    """A Supervisor's polls on a thread of their own, while the caller's thread does other
+    work (relays a replay's output). A child that keeps dying terminates the replay (if
+    any), and `check` raises its ChildFailed in the caller's thread."""
+
+    def __init__(
+        self,
+        supervisor: Supervisor,
+        replay: Callable[[], Child | None] = lambda: None,
+        interval_s: float = 0.5,
+    ) -> None:
+        self._supervisor, self._replay, self.interval_s = supervisor, replay, interval_s
+        self._failure: ChildFailed | None = None
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="supervisor", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stopping.wait(self.interval_s):
+            try:
+                self._supervisor.poll()
+            except ChildFailed as error:
+                self._failure = error
+                running = self._replay()
+                if running is not None:
+                    running.terminate()
+                return
+
+    def check(self) -> None:
+        if self._failure is not None:
+            raise self._failure
+
+    def stop(self) -> None:
+        """No restart from now on (the stack is being stopped)."""
+        self._stopping.set()
+        self._thread.join(5)
 
 
 def agent_names(num_prefill: int, num_decode: int) -> list[tuple[str, str]]:

@@ -16,9 +16,7 @@ import os
 import secrets
 import signal
 import sys
-import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
@@ -29,6 +27,7 @@ from backend.cli.children import (
     SECRET_BYTES,
     Child,
     ChildFailed,
+    SupervisingThread,
     Supervisor,
     agent_child,
     agent_names,
@@ -172,7 +171,7 @@ def up_command(
     gport = grpc_port if grpc_port is not None else free_port("127.0.0.1")
     children: list[Child] = []
     replay: Child | None = None
-    supervising: _Supervising | None = None
+    supervising: SupervisingThread | None = None
     try:
         try:
             conductor = Child(
@@ -242,7 +241,7 @@ def up_command(
             err=False,
         )
         sys.stdout.flush()
-        supervising = _Supervising(Supervisor(children, report=_report), lambda: replay)
+        supervising = SupervisingThread(Supervisor(children, report=_report), lambda: replay)
         if not no_replay:
             typer.echo(f"replaying minutes {minutes} of the shipped trace ...")
             sys.stdout.flush()
@@ -287,36 +286,3 @@ def up_command(
 def _report(message: str) -> None:
     typer.echo(f"supervisor: {message}", err=True)
     sys.stderr.flush()
-
-
-class _Supervising:
-    """The supervisor's polls on a thread of their own (the main thread relays the replay's
-    output). A child that keeps dying ends the replay, and `check` raises its ChildFailed in
-    the main thread."""
-
-    def __init__(self, supervisor: Supervisor, replay: Callable[[], Child | None]) -> None:
-        self._supervisor, self._replay = supervisor, replay
-        self._failure: ChildFailed | None = None
-        self._stopping = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="supervisor", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stopping.wait(0.5):
-            try:
-                self._supervisor.poll()
-            except ChildFailed as error:
-                self._failure = error
-                running = self._replay()
-                if running is not None:
-                    running.terminate()
-                return
-
-    def check(self) -> None:
-        if self._failure is not None:
-            raise self._failure
-
-    def stop(self) -> None:
-        """No restart from now on (the stack is being stopped)."""
-        self._stopping.set()
-        self._thread.join(5)
