@@ -120,18 +120,28 @@ class ChaosSettings:
                 )
 
 
+# The agents joined at one time, each as (instance id, control address): an agent started
+# again keeps its id but listens on a new port, so the pair tells its lives apart. None: the
+# Conductor did not answer.
+Joined = frozenset[tuple[str, str]] | None
+
+
 @dataclass
 class _Watch:
-    """What GET /v1/agents and /healthz said over time."""
+    """What GET /v1/agents said over time."""
 
-    seen: list[tuple[float, frozenset[str] | None]] = field(default_factory=list)
+    seen: list[tuple[float, Joined]] = field(default_factory=list)
     stop: threading.Event = field(default_factory=threading.Event)
 
     def run(self, stack: LocalStack) -> None:
         while not self.stop.wait(WATCH_INTERVAL_S):
             agents = get_json(f"{stack.base_url}/v1/agents", stack.api_key)
-            ids = frozenset(a["instance_id"] for a in agents) if isinstance(agents, list) else None
-            self.seen.append((time.time(), ids))
+            joined = (
+                frozenset((a["instance_id"], a["rpc_address"]) for a in agents)
+                if isinstance(agents, list)
+                else None
+            )
+            self.seen.append((time.time(), joined))
 
 
 def run_chaos(
@@ -279,7 +289,7 @@ def check_record(
     results: Sequence[dict[str, Any]],
     rows: Sequence[dict[str, Any]],
     faults: Sequence[dict[str, Any]],
-    seen: Sequence[tuple[float, frozenset[str] | None]],
+    seen: Sequence[tuple[float, Joined]],
     events: Sequence[tuple[float, str]],
     left_reasons: Sequence[str],
 ) -> dict[str, Any]:
@@ -294,7 +304,7 @@ def check_record(
     )
     outcomes = Counter(f"{row['state']}:{row['reason'] or '-'}" for row in rows if row["state"])
     departures = _departures(seen)
-    expelled, fault_rows = _explain(departures, faults, seen, events)
+    expelled, fault_rows = _explain(departures, faults, seen)
     return {
         "num_sent": len(results),
         "num_accepted": len(set(ids)),
@@ -316,38 +326,39 @@ def check_record(
     }
 
 
-def _departures(seen: Sequence[tuple[float, frozenset[str] | None]]) -> list[tuple[float, str]]:
-    """(time, instance id) whenever a watched agent is gone while the Conductor answers;
-    a Conductor that was down and comes back starts the watch afresh."""
+def _departures(seen: Sequence[tuple[float, Joined]]) -> list[tuple[float, str]]:
+    """(time, instance id) whenever a watched agent's life ends while the Conductor answers
+    (it is gone, or back on another address); a Conductor that was down and comes back
+    starts the watch afresh."""
     departures = []
-    previous: frozenset[str] | None = None
-    for time_s, ids in seen:
-        if ids is None:
+    previous: Joined = None
+    for time_s, joined in seen:
+        if joined is None:
             previous = None
             continue
         if previous is not None:
-            departures += [(time_s, gone) for gone in sorted(previous - ids)]
-        previous = ids
+            departures += [(time_s, gone) for gone, _ in sorted(previous - joined)]
+        previous = joined
     return departures
 
 
 def _explain(
     departures: Sequence[tuple[float, str]],
     faults: Sequence[dict[str, Any]],
-    seen: Sequence[tuple[float, frozenset[str] | None]],
-    events: Sequence[tuple[float, str]],
+    seen: Sequence[tuple[float, Joined]],
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Departures no kill or stop explains (healthy agents expelled), and per fault: how long
-    until the Conductor noticed it and until the target served again."""
+    until the Conductor noticed it and until the target served again (a new life of the
+    agent joined; the Conductor answered again)."""
     explained: set[int] = set()
     rows = []
     for fault in faults:
         at_s, target = fault["time_s"], fault["target"]
         row = {k: fault[k] for k in ("replay_s", "kind", "target")}
+        row["detected_after_s"] = row["back_after_s"] = None
         if target == "conductor":
-            down = [t for t, ids in seen if t > at_s and ids is None]
-            back = [t for t, ids in seen if down and t > down[0] and ids]
-            row["detected_after_s"] = None
+            down = [t for t, joined in seen if t > at_s and joined is None]
+            back = [t for t, joined in seen if down and t > down[0] and joined]
             row["back_after_s"] = back[0] - at_s if back else None
         elif fault["kind"] in ("kill", "term"):
             index = next(
@@ -360,14 +371,14 @@ def _explain(
             )
             if index is not None:
                 explained.add(index)
-            row["detected_after_s"] = departures[index][0] - at_s if index is not None else None
-            restarted = [t for t, m in events if t > at_s and m.startswith(f"agent {target} rest")]
-            rejoined = [
-                t for t, ids in seen if restarted and t > restarted[0] and ids and target in ids
+                row["detected_after_s"] = departures[index][0] - at_s
+            before = _lives(seen, at_s, target)
+            again = [
+                t
+                for t, joined in seen
+                if t > at_s and joined and _lives_in(joined, target) - before
             ]
-            row["back_after_s"] = rejoined[0] - at_s if rejoined else None
-        else:  # a flood: nobody may leave for it
-            row["detected_after_s"] = row["back_after_s"] = None
+            row["back_after_s"] = again[0] - at_s if again else None
         rows.append(row)
     expelled = [
         {"time_s": t, "instance_id": who}
@@ -375,6 +386,17 @@ def _explain(
         if i not in explained
     ]
     return expelled, rows
+
+
+def _lives_in(joined: frozenset[tuple[str, str]], instance_id: str) -> set[str]:
+    return {address for who, address in joined if who == instance_id}
+
+
+def _lives(seen: Sequence[tuple[float, Joined]], until_s: float, instance_id: str) -> set[str]:
+    """The addresses `instance_id` had joined with until `until_s`."""
+    return set().union(
+        *(_lives_in(joined, instance_id) for t, joined in seen if t <= until_s and joined)
+    )
 
 
 def render_table(record: dict[str, Any]) -> str:

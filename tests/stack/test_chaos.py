@@ -66,8 +66,12 @@ def test_the_check_finds_lost_open_duplicated_requests_and_expelled_agents() -> 
         {"id": "a", "state": "completed", "reason": None},
         {"id": "b", "state": None, "reason": None},  # open
     ]
-    both, one = frozenset({"prefill-0", "prefill-1"}), frozenset({"prefill-0"})
-    seen = [(1.0, both), (2.0, one), (3.0, both), (10.0, one)]
+    first, one = (
+        frozenset({("prefill-0", ":1"), ("prefill-1", ":2")}),
+        frozenset({("prefill-0", ":1")}),
+    )
+    again = frozenset({("prefill-0", ":1"), ("prefill-1", ":3")})  # its new life, a new port
+    seen = [(1.0, first), (2.0, one), (3.0, again), (10.0, one)]
     faults = [{"time_s": 1.5, "replay_s": 1.5, "kind": "kill", "target": "prefill-1"}]
     events = [(2.5, "agent prefill-1 restarted (pid 7)")]
     record = check_record(results, rows, faults, seen, events, [])
