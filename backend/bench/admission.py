@@ -33,6 +33,8 @@ import math
 import os
 import platform
 import secrets
+import shutil
+import subprocess
 import tempfile
 import time
 from collections import Counter
@@ -82,15 +84,18 @@ class Phase:
     latencies_s: list[float] = field(default_factory=list)
     cpu_s: dict[str, float] = field(default_factory=dict)  # CpuMeter.since()
     server_rss_mib: tuple[float, float] = (0.0, 0.0)  # at the start and the end
+    # A client that reports percentiles, not each latency (wrk): quantile -> ms, and "max".
+    reported_ms: dict[float, float] = field(default_factory=dict)
 
     @property
     def rps(self) -> float:
         return self.num_requests / self.duration_s if self.duration_s > 0 else 0.0
 
     def percentile_ms(self, q: float) -> float:
-        """Nearest-rank percentile of the latencies, in milliseconds."""
+        """Nearest-rank percentile of the latencies, in milliseconds (as the client reported
+        it, when it reports percentiles only)."""
         if not self.latencies_s:
-            return 0.0
+            return self.reported_ms.get(q, 0.0)
         ordered = sorted(self.latencies_s)
         rank = min(len(ordered), max(1, math.ceil(q * len(ordered))))
         return ordered[rank - 1] * 1000.0
@@ -106,7 +111,9 @@ class Phase:
             "p50_ms": round(self.percentile_ms(0.50), 3),
             "p90_ms": round(self.percentile_ms(0.90), 3),
             "p99_ms": round(self.percentile_ms(0.99), 3),
-            "max_ms": round(max(self.latencies_s, default=0.0) * 1000.0, 3),
+            "max_ms": round(
+                max(self.latencies_s, default=self.reported_ms.get(1.0, 0.0) / 1000.0) * 1000.0, 3
+            ),
             "statuses": dict(self.statuses),
             "server_cpu_ms_per_request": round(self.cpu_s.get("server", 0.0) * per_request, 3),
             "client_cpu_ms_per_request": round(self.cpu_s.get("client", 0.0) * per_request, 3),
@@ -307,6 +314,87 @@ async def drive(
     return phase
 
 
+CLIENTS = ("httpx", "wrk")
+# What the Lua script's done() prints: requests, non-2xx answers, socket errors, the
+# latency percentiles and maximum (microseconds) and the run's duration (microseconds).
+_WRK_DONE = """
+done = function(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format("KVC-WRK %d %d %d %d %d %d %d %d\\n", summary.requests, e.status,
+    e.connect + e.read + e.write + e.timeout, latency:percentile(50), latency:percentile(90),
+    latency:percentile(99), latency.max, summary.duration))
+end
+"""
+
+
+def wrk_script(method: str, headers: dict[str, str], bodies: list[bytes] | None) -> str:
+    """The Lua script that makes wrk send what `drive` sends (bodies in turn)."""
+    lines = [f'wrk.method = "{method}"']
+    lines += [f'wrk.headers["{name}"] = "{value}"' for name, value in headers.items()]
+    if bodies:
+        quoted = ", ".join(f"[==[{body.decode()}]==]" for body in bodies)
+        lines += [
+            f"local bodies = {{{quoted}}}",
+            "local i = 0",
+            "request = function()",
+            "  i = i + 1",
+            "  return wrk.format(nil, nil, nil, bodies[(i % #bodies) + 1])",
+            "end",
+        ]
+    return "\n".join(lines) + _WRK_DONE
+
+
+def drive_wrk(
+    base_url: str,
+    *,
+    method: str,
+    path: str,
+    bodies: list[bytes] | None,
+    headers: dict[str, str],
+    concurrency: int,
+    duration_s: float,
+    warmup_s: float,
+    script_dir: Path,
+    server_pid: int | None = None,
+    agent_pids: Sequence[int] = (),
+) -> Phase:
+    """As `drive`, with wrk (C, one thread, epoll) as the client: it takes a fraction of the
+    CPU an asyncio client needs per request, so hundreds of connections measure the server
+    rather than the client. Its answers are not read one by one: requests not answered 2xx
+    are `statuses["non-2xx"]`, and the database says whether each was rejected early."""
+    script = script_dir / f"wrk-{method.lower()}.lua"
+    script.write_text(wrk_script(method, headers, bodies))
+
+    def run(seconds: float) -> list[int]:
+        command = [
+            "wrk", "-t1", f"-c{concurrency}", f"-d{max(1, round(seconds))}s",
+            "--timeout", f"{int(_REQUEST_TIMEOUT_S)}s", "-s", str(script), f"{base_url}{path}",
+        ]  # fmt: skip
+        output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+        line = next(line for line in output.splitlines() if line.startswith("KVC-WRK "))
+        return [int(value) for value in line.split()[1:]]
+
+    phase = Phase(path=path)
+    if warmup_s > 0:
+        phase.num_warmup_requests = run(warmup_s)[0]
+    server_rss = process_rss_mib(server_pid) if server_pid else 0.0
+    meter = CpuMeter(server_pid, agent_pids)
+    requests, non_2xx, socket_errors, p50, p90, p99, longest, duration_us = run(duration_s)
+    phase.cpu_s = meter.since()
+    phase.duration_s = duration_us / 1e6
+    phase.num_requests = requests
+    if non_2xx:
+        phase.statuses["non-2xx"] = non_2xx
+    if requests - non_2xx - socket_errors > 0:
+        phase.statuses["2xx"] = requests - non_2xx - socket_errors
+    if socket_errors:
+        phase.statuses["error:socket"] = socket_errors
+    phase.reported_ms = {0.50: p50 / 1000, 0.90: p90 / 1000, 0.99: p99 / 1000, 1.0: longest / 1000}
+    if server_pid:
+        phase.server_rss_mib = (server_rss, process_rss_mib(server_pid))
+    return phase
+
+
 def _recorded_outcomes(database_url: str) -> dict[str, int]:
     """Rows of the stopped Conductor's database: requests, and those rejected at admission."""
     from sqlalchemy import func, select
@@ -341,6 +429,7 @@ def run_admission_bench(
     log_level: str = "info",
     profile: str | None = TINY_PROFILE,
     keep_dir: Path | None = None,
+    client: str = "httpx",
     on_status: Callable[[str], None] = lambda line: None,
 ) -> dict[str, Any]:
     """Start the stack, overload it, measure; the JSON report (see the module doc).
@@ -349,6 +438,10 @@ def run_admission_bench(
     """
     if endpoint not in ENDPOINTS:
         raise ValueError(f"endpoint must be one of {', '.join(ENDPOINTS)}, got {endpoint!r}")
+    if client not in CLIENTS:
+        raise ValueError(f"client must be one of {', '.join(CLIENTS)}, got {client!r}")
+    if client == "wrk" and shutil.which("wrk") is None:
+        raise ValueError("--client wrk needs wrk on the PATH (Debian: apt-get install wrk)")
     cost = cost_model(profile)
     bodies = request_bodies(endpoint, prompt_tokens, max_tokens)
     num_tokens = num_prompt_tokens(bodies[0])
@@ -424,40 +517,39 @@ def run_admission_bench(
             pid = conductor.process.pid
             agent_pids = [child.process.pid for child in children[1:]]
             on_status(f"measuring {ENDPOINTS[endpoint]} for {duration_s:g} s x {concurrency}")
-            measured = asyncio.run(
-                drive(
-                    base_url,
-                    method="POST",
-                    path=ENDPOINTS[endpoint],
-                    bodies=bodies,
-                    headers=user,
-                    concurrency=concurrency,
-                    duration_s=duration_s,
-                    warmup_s=warmup_s,
-                    server_pid=pid,
-                    agent_pids=agent_pids,
-                )
+
+            def measure(method: str, path: str, **kwargs: Any) -> Phase:
+                common = {
+                    "method": method,
+                    "path": path,
+                    "concurrency": concurrency,
+                    "duration_s": duration_s,
+                    "server_pid": pid,
+                    "agent_pids": agent_pids,
+                    **kwargs,
+                }
+                if client == "wrk":
+                    return drive_wrk(base_url, script_dir=data_dir, **common)
+                return asyncio.run(drive(base_url, **common))
+
+            measured = measure(
+                "POST", ENDPOINTS[endpoint], bodies=bodies, headers=user, warmup_s=warmup_s
             )
             on_status(f"baseline: GET {HEALTH_PATH} for {duration_s:g} s x {concurrency}")
-            health = asyncio.run(
-                drive(
-                    base_url,
-                    method="GET",
-                    path=HEALTH_PATH,
-                    bodies=None,
-                    headers={},
-                    concurrency=concurrency,
-                    duration_s=duration_s,
-                    warmup_s=min(warmup_s, 0.5),
-                    server_pid=pid,
-                    agent_pids=agent_pids,
-                )
+            health = measure(
+                "GET", HEALTH_PATH, bodies=None, headers={}, warmup_s=min(warmup_s, 0.5)
             )
             for child in children:
                 child.check_alive()
         finally:
             stop_stack(None, children)
         recorded = _recorded_outcomes(database_url)
+    if (
+        client == "wrk"
+        and set(measured.statuses) == {"non-2xx"}
+        and recorded["num_recorded_rejected_early"] == recorded["num_recorded_requests"]
+    ):  # wrk does not read the answers: the database says every one was rejected early
+        measured.num_rejected_early = measured.statuses.pop("non-2xx")
     return _report(
         measured=measured,
         health=health,
@@ -473,6 +565,7 @@ def run_admission_bench(
             "prompt_tokens": num_tokens,
             "max_tokens": max_tokens,
             "log_level": log_level,
+            "client": client,
             "database": "sqlite",
             "cost_model": profile if profile is not None else "reference_70b",
         },

@@ -175,6 +175,13 @@ def admission(
     log_level: str = typer.Option(
         "info", "--log-level", help="The Conductor's log level (info logs each request)."
     ),
+    client: str = typer.Option(
+        "httpx",
+        "--client",
+        help="httpx (asyncio workers in this process; reads every answer) or wrk (C, one "
+        "thread: a fraction of the CPU per request, so hundreds of connections measure the "
+        "server, not the client; the database says whether each was rejected early).",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
 ) -> None:
     """The admission path under overload: starts its own Conductor (SQLite) and tiny agents,
@@ -196,8 +203,12 @@ def admission(
             prompt_tokens=prompt_tokens,
             warmup_s=warmup_s,
             log_level=log_level,
+            client=client,
             on_status=lambda line: _stderr.print(line, highlight=False, soft_wrap=True),
         )
+    except ValueError as error:
+        _stderr.print(f"[red]error:[/red] {error}", highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
     except ChildFailed as error:
         _stderr.print(f"[red]error:[/red] {error}", highlight=False, soft_wrap=True)
         raise typer.Exit(1) from None
