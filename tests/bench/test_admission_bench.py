@@ -3,7 +3,9 @@ rejected early, the JSON has its figures. Speed is measured in docs/benchmarks.m
 asserted here."""
 
 import json
+import shutil
 
+import pytest
 from typer.testing import CliRunner
 
 from backend.bench.admission import request_bodies
@@ -60,3 +62,25 @@ def test_prompts_fit_the_token_budget_and_differ() -> None:
     assert len(set(bodies)) == len(bodies) > 1
     first = json.loads(bodies[0])
     assert first["max_tokens"] == 8 and "text" in first
+
+
+@pytest.mark.skipif(shutil.which("wrk") is None, reason="needs wrk (Debian: apt-get install wrk)")
+def test_with_wrk_as_the_client_every_request_is_rejected_early_and_recorded() -> None:
+    args = ["bench", "admission", "--client", "wrk", "--duration-s", "2", "--concurrency", "8"]
+    result = runner.invoke(app, [*args, "--warmup-s", "1", "--prompt-tokens", "600", "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["client"] == "wrk" and report["num_requests"] > 0
+    assert report["all_rejected_early"] is True
+    assert report["num_rejected_early"] == report["num_requests"]
+    # wrk drops what is in flight when its time is up: the server recorded those too.
+    sent = report["num_requests"] + report["num_warmup_requests"]
+    assert report["num_recorded_rejected_early"] == report["num_recorded_requests"] >= sent
+    assert 0 < report["p50_ms"] <= report["p90_ms"] <= report["p99_ms"] <= report["max_ms"]
+    assert report["health"]["statuses"] == {"2xx": report["health"]["num_requests"]}
+
+
+def test_a_missing_or_unknown_client_is_one_error_line() -> None:
+    result = runner.invoke(app, ["bench", "admission", "--client", "ab", "--json"])
+    assert result.exit_code == 2
+    assert "client must be one of httpx, wrk" in result.output
