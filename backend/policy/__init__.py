@@ -40,6 +40,7 @@ from backend.policy.events import (
     RequestArrived,
     RequestCancelled,
     RequestFailed,
+    RequestRetried,
     Tick,
 )
 from backend.policy.index import PrefixIndex, Tier
@@ -77,6 +78,7 @@ __all__ = [
     "RequestArrived",
     "RequestCancelled",
     "RequestFailed",
+    "RequestRetried",
     "Tick",
     "Tier",
     "block_keys",

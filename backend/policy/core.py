@@ -81,6 +81,7 @@ class ConductorCore:
             ev.DecodeRejected: self.on_decode_rejected,
             ev.RequestFailed: self.on_request_failed,
             ev.RequestCancelled: self.on_request_failed,
+            ev.RequestRetried: self.on_request_retried,
             ev.KvStored: self.on_kv_stored,
             ev.KvEvicted: self.on_kv_evicted,
             ev.KvDemoted: self.on_kv_demoted,
@@ -461,18 +462,28 @@ class ConductorCore:
                     self._forget(request_id)
                     effects.append(FailRequest(request_id, "no_decode_instance"))
         for admitted in to_reroute:
-            retry = admitted.arrival
-            rerouted = ev.RequestArrived(
-                event.now_s,
-                retry.request_id,
-                retry.block_keys,
-                retry.num_input_tokens,
-                retry.num_output_tokens,
-                retry.ttft_slo_s,
-                retry.tbt_slo_s,
-            )
-            effects.extend(self._place(rerouted, apply_admission=False))
+            effects.extend(self._place_again(admitted, event.now_s))
         return tuple(effects)
+
+    def on_request_retried(self, event: ev.RequestRetried) -> tuple[Effect, ...]:
+        admitted = self._forget(event.request_id)
+        if admitted is None:
+            return NO_EFFECTS
+        return self._place_again(admitted, event.now_s)
+
+    def _place_again(self, admitted: _Admitted, now_s: float) -> tuple[Effect, ...]:
+        """Route and book an admitted request anew (it lost its instance), no admission."""
+        retry = admitted.arrival
+        rerouted = ev.RequestArrived(
+            now_s,
+            retry.request_id,
+            retry.block_keys,
+            retry.num_input_tokens,
+            retry.num_output_tokens,
+            retry.ttft_slo_s,
+            retry.tbt_slo_s,
+        )
+        return self._place(rerouted, apply_admission=False)
 
     def _forget(self, request_id: str) -> _Admitted | None:
         """Drop a request from every queue and batch it is in (dead instances are gone)."""

@@ -102,6 +102,17 @@ class RequestCancelled:
 
 
 @dataclass(frozen=True, slots=True)
+class RequestRetried:
+    """The request's dispatch broke on the way for a reason of the cluster, not of the request
+    (its KV could not reach its decode instance, which had died unnoticed): place it again
+    from the start, on the instances there are now, without a second admission."""
+
+    now_s: float
+    request_id: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class KvStored:
     now_s: float
     instance_id: str
@@ -179,6 +190,7 @@ Event = (
     | DecodeRejected
     | RequestFailed
     | RequestCancelled
+    | RequestRetried
     | KvStored
     | KvEvicted
     | KvDemoted

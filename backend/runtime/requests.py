@@ -59,6 +59,7 @@ class RequestStream:
     prefill_agent_s: float = 0.0  # the agent's own time in that call (queue included)
     decode_instance_id: str | None = None  # once its decode is dispatched
     call: AgentCall | None = None  # the agent call it waits on now, cancelled with it
+    num_retries: int = 0  # dispatches placed again after a hand-off failed (at most one)
     _queue: "queue.Queue[object]" = field(default_factory=queue.Queue)
     _done: threading.Event = field(default_factory=threading.Event)
 

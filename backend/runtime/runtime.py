@@ -846,7 +846,7 @@ class ConductorRuntime(EffectHandler):
                 after = self._apply(self._leave_line(prefill_id, stream.request_id))
             self._after(after)
             if isinstance(error, grpc.RpcError):
-                self._on_rpc_error(stream, prefill_id, error, "prefill")
+                self._on_rpc_error(stream, prefill_id, error, "prefill", effect)
             return  # cancelled: the request has its outcome already
         stream.prefill_answered_s = self._clock()
         stream.prefill_agent_s = reply.timings.total_s
@@ -985,16 +985,59 @@ class ConductorRuntime(EffectHandler):
         )
 
     def _on_rpc_error(
-        self, stream: RequestStream, instance_id: str, error: grpc.RpcError, stage: str
+        self,
+        stream: RequestStream,
+        instance_id: str,
+        error: grpc.RpcError,
+        stage: str,
+        effect: DispatchPrefill | None = None,
     ) -> None:
         """An unreachable agent is dead (AgentLeft fails its in-flight requests, this one
-        included); any other error fails just this request (a prefill agent whose KV
-        hand-off to a decode agent failed answers ABORTED and stays)."""
+        included); a prefill whose KV hand-off failed (ABORTED: that prefill agent is fine)
+        is placed again once, after its decode agent is taken out if it no longer answers;
+        any other error fails just this request."""
         code = error.code()  # type: ignore[attr-defined]
-        if code == grpc.StatusCode.UNAVAILABLE:
-            self.leave(instance_id, f"unreachable ({error.details()})")  # type: ignore[attr-defined]
         details = error.details() or ""  # type: ignore[attr-defined]
+        if code == grpc.StatusCode.UNAVAILABLE:
+            self.leave(instance_id, f"unreachable ({details})")
+        handoff = code == grpc.StatusCode.ABORTED and "hand-off" in details
+        if handoff and effect is not None and self._retry_after_handoff(stream, effect, details):
+            return
         self._fail(stream, f"{stage} on {instance_id} failed: {code.name} {details}"[:500], stage)
+
+    def _retry_after_handoff(
+        self, stream: RequestStream, effect: DispatchPrefill, details: str
+    ) -> bool:
+        """The KV of `stream`'s prefill could not reach its decode agent: take that agent out
+        if it does not answer (it died and nobody noticed yet), then place the request again
+        (its prefix is cached now, so the second prefill costs little). False when it was
+        placed again once already."""
+        if stream.num_retries >= 1:
+            return False
+        decode_id = effect.decode_instance_id
+        with self._lock:
+            decode = self._agents.get(decode_id)
+        if decode is not None and not self._answers(decode):
+            self.leave(decode_id, f"unreachable (a KV hand-off to it failed: {details})"[:500])
+        with self._lock:
+            if stream.is_finished:
+                return True  # ended meanwhile (e.g. cancelled): nothing to retry
+            stream.num_retries += 1
+            stream.stage, stream.dispatch = "prefill", None
+            now_s = self._clock()
+            after = self._apply(
+                self.core.handle(ev.RequestRetried(now_s, stream.request_id, details[:200]))
+            )
+        logger.warning("request %s placed again: %s", stream.request_id, details)
+        self._after(after)
+        return True
+
+    def _answers(self, agent: AgentInfo) -> bool:
+        try:
+            agent.stub.GetState(pb.GetStateRequest(), metadata=self._metadata, timeout=1.0)
+        except grpc.RpcError:
+            return False
+        return True
 
     def _fail(self, stream: RequestStream, reason: str, stage: str) -> None:
         """End a request as failed and drop it from the core's books."""

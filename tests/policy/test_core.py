@@ -23,6 +23,7 @@ from backend.policy import (
     PrefillStarted,
     RequestArrived,
     RequestFailed,
+    RequestRetried,
     Tick,
     Tier,
 )
@@ -259,3 +260,25 @@ def test_admission_refuses_past_the_configured_in_flight_limit() -> None:
     assert "max_in_flight_requests" in refused.message
     core.handle(RequestFailed(0.1, "a", "gone"))  # one ends: room again
     assert type(core.handle(RequestArrived(0.2, "d", (4,), 20, 4))[0]) is DispatchPrefill
+
+
+def test_a_retried_request_is_placed_again_on_the_instances_there_are_now() -> None:
+    """Its KV could not reach D1 (dead, unnoticed until the hand-off): once D1 is out, the
+    retry dispatches its prefill again, its decode booked on D2, with no second admission."""
+    core = make_core(CONFIG, linear_cost(), prefill=("P1",), decode=("D1", "D2"))
+    keys = (1, 2, 3)
+    core.handle(AgentLeft(0.0, "D2", "test"))  # the first dispatch has one choice: D1
+    (first,) = core.handle(RequestArrived(0.0, "r", keys, 50, 8))
+    assert first.decode_instance_id == "D1"
+    core.handle(AgentJoined(0.1, "D2", "decode", None))
+    core.handle(PrefillStarted(0.1, "r", "P1"))
+    core.handle(AgentLeft(0.5, "D1", "unreachable"))
+    (again,) = core.handle(RequestRetried(0.5, "r", "KV hand-off to D1 failed"))
+    assert isinstance(again, DispatchPrefill)
+    assert (again.request_id, again.instance_id, again.decode_instance_id) == ("r", "P1", "D2")
+    assert core.num_in_flight == 1
+    (decode,) = core.handle(PrefillFinished(0.8, "r", "P1"))
+    assert decode.instance_id == "D2"
+    core.handle(DecodeFinished(1.0, "r"))
+    assert core.num_in_flight == 0
+    assert core.handle(RequestRetried(1.1, "r", "late")) == ()  # over: nothing to place

@@ -158,12 +158,16 @@ def test_the_core_sees_each_agents_backlog_one_prefill_running_at_a_time(cluster
     assert seen_queued  # eight prompts to two agents: some waited in line
 
 
-def test_a_dead_decode_agent_fails_its_hand_offs_but_never_expels_a_prefill_agent(sessions):
-    """Issue: a failed KV hand-off answered UNAVAILABLE, which the runtime read as "this
-    prefill agent is gone", emptying the index. Now the prefill agents stay, each request
-    ends in one terminal state, and once the dead agent is declared gone requests complete."""
+def test_a_dead_decode_agent_costs_no_request_and_never_expels_a_prefill_agent(sessions):
+    """A decode agent dies unnoticed (the heartbeat timeout is long): a prefill whose KV
+    hand-off to it fails answers ABORTED, which used to fail the request (and before that
+    expelled the healthy prefill agent). Now the runtime finds the decode agent gone, takes
+    it out and places the request again: every request completes, prefill agents stay."""
     runtime = ConductorRuntime(
-        make_settings(), COST, session_factory=sessions, grpc_address="127.0.0.1:0"
+        make_settings(heartbeat_timeout_s=60.0),
+        COST,
+        session_factory=sessions,
+        grpc_address="127.0.0.1:0",
     ).start()
     extra = ("--conductor", runtime.address)
     roles = ("prefill", "prefill", "decode", "decode")
@@ -179,15 +183,12 @@ def test_a_dead_decode_agent_fails_its_hand_offs_but_never_expels_a_prefill_agen
         shared = np.zeros(0, dtype=int)
         streams = [runtime.submit(f"k{n}", _prompt(200 + n, shared, 30), 4) for n in range(8)]
         outcomes = [stream.result(60) for stream in streams]
-        assert all(o.state in ("completed", "failed", "rejected") for o in outcomes)
+        assert [o.state for o in outcomes] == ["completed"] * 8, outcomes
+        assert sum(stream.num_retries for stream in streams) >= 1  # some went to the dead one
+        assert "a KV hand-off to it failed" in runtime.left()[victim.instance_id]
         assert prefill_ids <= set(runtime.agents())  # no prefill agent was thrown out
-        assert any(o.state == "failed" and "ABORTED" in (o.reason or "") for o in outcomes)
-        deadline = time.monotonic() + 15  # the heartbeat timeout takes the dead one out
-        while victim.instance_id in runtime.agents() and time.monotonic() < deadline:
-            time.sleep(0.1)
         after = runtime.submit("after", _prompt(300, shared, 30), 4)
         assert after.result(60).state == "completed"
-        assert prefill_ids <= set(runtime.agents())
     finally:
         stop_agents([a for a in agents if a is not victim])
         runtime.stop()
