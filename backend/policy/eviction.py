@@ -101,15 +101,12 @@ class _HeapOrder:
         return victims
 
 
-class PrefixLruOrder(_HeapOrder):
-    """Least recently used first; among blocks used at the same time, the deepest first."""
+class _DepthOrder(_HeapOrder):
+    """A heap order whose rank reads each block's depth in its prompt."""
 
     def __init__(self) -> None:
         super().__init__()
         self._depth: dict[int, int] = {}
-
-    def _rank(self, key: int, now_s: float) -> tuple[float, float]:
-        return now_s, float(-self._depth[key])
 
     def on_insert(self, key: int, now_s: float, depth: int) -> None:
         self._depth[key] = depth
@@ -128,6 +125,13 @@ class PrefixLruOrder(_HeapOrder):
         for victim in victims:
             del self._depth[victim]
         return victims
+
+
+class PrefixLruOrder(_DepthOrder):
+    """Least recently used first; among blocks used at the same time, the deepest first."""
+
+    def _rank(self, key: int, now_s: float) -> tuple[float, float]:
+        return now_s, float(-self._depth[key])
 
 
 class LfuOrder(_HeapOrder):
@@ -160,33 +164,11 @@ class LfuOrder(_HeapOrder):
         return victims
 
 
-class LengthAwareOrder(_HeapOrder):
+class LengthAwareOrder(_DepthOrder):
     """Deepest block (largest position in its prompt) first; ties to the least recent."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._depth: dict[int, int] = {}
 
     def _rank(self, key: int, now_s: float) -> tuple[float, float]:
         return float(-self._depth[key]), now_s
-
-    def on_insert(self, key: int, now_s: float, depth: int) -> None:
-        self._depth[key] = depth
-        self._push(key, now_s)
-
-    def on_access(self, key: int, now_s: float) -> None:
-        if key in self._current:
-            self._push(key, now_s)
-
-    def on_remove(self, key: int) -> None:
-        super().on_remove(key)
-        self._depth.pop(key, None)
-
-    def pop_victims(self, num_blocks: int, is_pinned: IsPinned) -> list[int]:
-        victims = super().pop_victims(num_blocks, is_pinned)
-        for victim in victims:
-            del self._depth[victim]
-        return victims
 
 
 # The pools' default (agents, the twin, the Conductor's settings): prefixes shrink from the tail.
