@@ -115,6 +115,7 @@ def test_an_admin_change_applies_to_the_running_core_and_is_audited(served):
         ({"prefill_scheduler": "fastest"}, "unknown prefill_scheduler 'fastest'"),
         ({"ttft_slo": 3}, "unknown setting(s): ttft_slo"),
         ({"block_size": 128}, "block_size cannot change while the Conductor runs"),
+        ({"eviction_policy": "lfu"}, "eviction_policy cannot change while the cluster runs"),
     ],
 )
 def test_an_invalid_configuration_is_400_and_changes_nothing(served, config, words):

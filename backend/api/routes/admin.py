@@ -113,6 +113,13 @@ def change_config(
     fixed = sorted(n for n in _FIXED_FIELDS & set(changes) if changes[n] != current[n])
     if fixed:
         raise _invalid(f"{', '.join(fixed)} cannot change while the Conductor runs")
+    if changes.get("eviction_policy", current["eviction_policy"]) != current["eviction_policy"]:
+        # The pools are the agents': their shards evict in their own order, set when they
+        # start; a change here would reach the twin's model and not the cluster it models.
+        raise _invalid(
+            "eviction_policy cannot change while the cluster runs: the agents' pools keep "
+            f"the order they started with ({current['eviction_policy']})"
+        )
     try:
         config = PolicyConfig(**{**current, **changes})
     except (TypeError, ValueError) as error:
