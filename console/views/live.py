@@ -43,8 +43,16 @@ def live_panel(window_s: float) -> None:
             ("Rejected", "num_rejected"),
             ("Failed", "num_failed"),
             ("Cancelled", "num_cancelled"),
+        ],
+        HELP,
+    )
+    metric_row(
+        report,
+        [
             ("Goodput", "goodput_rps"),
             ("SLO attainment", "slo_attainment"),
+            ("Wasted prefill tokens", "wasted_prefill_tokens"),
+            ("Wasted prefill time", "wasted_prefill_s"),
         ],
         HELP,
     )
@@ -55,8 +63,6 @@ def live_panel(window_s: float) -> None:
             ("Prefill load period", "prefill_load_period_s"),
             ("Decode load amplitude", "decode_load_amplitude"),
             ("Decode load period", "decode_load_period_s"),
-            ("Wasted prefill tokens", "wasted_prefill_tokens"),
-            ("Wasted prefill time", "wasted_prefill_s"),
         ],
         HELP,
     )

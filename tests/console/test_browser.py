@@ -31,7 +31,10 @@ from tests.harness.agents import AgentProcess, stop_agents
 from tests.runtime.conftest import SECRET
 
 webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed")
-from selenium.common.exceptions import TimeoutException  # noqa: E402
+from selenium.common.exceptions import (  # noqa: E402
+    StaleElementReferenceException,
+    TimeoutException,
+)
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.common.keys import Keys  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
@@ -197,8 +200,20 @@ def _open(driver, console_url: str, page: str) -> None:
 
 
 def _click(driver, label: str) -> None:
-    (button,) = [b for b in driver.find_elements(By.TAG_NAME, "button") if b.text == label]
-    button.click()
+    """Click the one button labelled `label`, again if the page re-rendered under us (a
+    Streamlit rerun replaces the elements: a stale element is not a failure)."""
+
+    def clicked(d) -> bool:
+        try:
+            buttons = [b for b in d.find_elements(By.TAG_NAME, "button") if b.text == label]
+            if len(buttons) != 1:
+                return False
+            buttons[0].click()
+        except StaleElementReferenceException:
+            return False
+        return True
+
+    _wait(driver, clicked, f"the {label!r} button")
 
 
 def _check_and_save(driver, page: str, folder: Path) -> None:
