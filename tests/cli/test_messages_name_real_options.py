@@ -28,8 +28,9 @@ def _commands(command: Any) -> Iterator[Any]:
             yield from _commands(sub)
 
 
-# Other programs' options our messages tell users to type (pip, for the model's weights).
-THEIRS = {"--no-deps"}
+# Other programs' options in our strings: pip's (the model's weights), wrk's (the command
+# line `bench admission --client wrk` runs).
+THEIRS = {"--no-deps", "--timeout"}
 KNOWN = (
     {"--help"}
     | THEIRS
