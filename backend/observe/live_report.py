@@ -99,25 +99,9 @@ def build_live_report(
         "num_rejected_decode": len(late),
         "num_failed": sum(r.outcome.state == "failed" for r in finished),  # type: ignore[union-attr]
         "num_cancelled": sum(r.outcome.state == "cancelled" for r in finished),  # type: ignore[union-attr]
-        "cancelled_by_reason": dict(
-            sorted(
-                Counter(
-                    r.outcome.reason or "unknown"  # type: ignore[union-attr]
-                    for r in finished
-                    if r.outcome.state == "cancelled"  # type: ignore[union-attr]
-                ).items()
-            )
-        ),
+        "cancelled_by_reason": _by_reason(finished, "cancelled"),
         "rejected_by_reason": dict(sorted(Counter(_reason(r) for r in rejected).items())),
-        "failed_by_reason": dict(
-            sorted(
-                Counter(
-                    r.outcome.reason or "unknown"  # type: ignore[union-attr]
-                    for r in finished
-                    if r.outcome.state == "failed"  # type: ignore[union-attr]
-                ).items()
-            )
-        ),
+        "failed_by_reason": _by_reason(finished, "failed"),
         "ttft_p50_s": percentile(ttfts, 50),
         "ttft_p90_s": percentile(ttfts, 90),
         "ttft_p99_s": percentile(ttfts, 99),
@@ -167,6 +151,16 @@ def _within_slos(record: RequestRecord, config: PolicyConfig) -> bool:
         and outcome.ttft_s <= ttft_slo_s
         and (outcome.tbt_mean_s or 0.0) <= tbt_slo_s
     )
+
+
+def _by_reason(finished: Sequence[RequestRecord], state: str) -> dict[str, int]:
+    """How many finished requests ended in `state`, by reason, sorted by reason."""
+    reasons = Counter(
+        r.outcome.reason or "unknown"  # type: ignore[union-attr]
+        for r in finished
+        if r.outcome.state == state  # type: ignore[union-attr]
+    )
+    return dict(sorted(reasons.items()))
 
 
 def _reason(record: RequestRecord) -> str:

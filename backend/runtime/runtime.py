@@ -1025,9 +1025,10 @@ class ConductorRuntime(EffectHandler):
             stream.num_retries += 1
             stream.stage, stream.dispatch = "prefill", None
             now_s = self._clock()
-            after = self._apply(
-                self.core.handle(ev.RequestRetried(now_s, stream.request_id, details[:200]))
-            )
+            effects = self.core.handle(ev.RequestRetried(now_s, stream.request_id, details[:200]))
+            if not effects:  # the core had forgotten it: fail it rather than leave it open
+                return False
+            after = self._apply(effects)
         logger.warning("request %s placed again: %s", stream.request_id, details)
         self._after(after)
         return True
