@@ -2,8 +2,10 @@
 admission`): each child with its log, waiting until they are ready, stopping them in order.
 """
 
+import contextlib
 import json
 import os
+import random
 import secrets
 import socket
 import subprocess
@@ -211,7 +213,30 @@ def shared_host_threads(num_agents: int) -> int:
     return max(1, (os.cpu_count() or 1) // num_agents)
 
 
-def free_port(host: str) -> int:
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+STATIC_PORTS = (20000, 32768)  # below Linux's default ephemeral range
+_given_ports: set[int] = set()  # never the same port twice from one process
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port free on `host` now, for a child to bind a moment later.
+
+    It is drawn below the kernel's ephemeral range: a port the kernel hands out (bind to 0)
+    can be taken in between as the source port of any outgoing connection, which failed a
+    late bind in CI ("Address already in use"). Falls back to the kernel's choice."""
+    low, high = STATIC_PORTS
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        high = min(high, int(EPHEMERAL_RANGE.read_text().split()[0]))
+    for port in random.sample(range(low, high), k=min(64, max(0, high - low))):
+        if port in _given_ports:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+        _given_ports.add(port)
+        return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])

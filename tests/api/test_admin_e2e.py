@@ -12,6 +12,7 @@ import uvicorn
 from typer.testing import CliRunner
 
 from backend.cli import app as cli_app
+from backend.cli.children import free_port
 from backend.cli.conductor_cmd import start_conductor
 from backend.traces.loader import iter_trace
 from tests.runtime.conftest import make_settings
@@ -20,17 +21,11 @@ ADMIN = {"Authorization": "Bearer admin-token-0123456789"}
 KEY = {"Authorization": "Bearer api-key-0123456789"}
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 class Served:
     """One conductor (runtime + app) served on a loopback port until `stop()`."""
 
     def __init__(self, database_url: str) -> None:
-        settings = make_settings(database_url=database_url, grpc_port=_free_port())
+        settings = make_settings(database_url=database_url, grpc_port=free_port())
         self.conductor = start_conductor(settings)
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))

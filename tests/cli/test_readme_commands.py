@@ -5,7 +5,6 @@ replay as printed (ports aside)."""
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -16,6 +15,7 @@ import pytest
 import typer
 
 from backend.cli import app
+from backend.cli.children import free_port
 from backend.traces import SHIPPED_TRACE
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -132,18 +132,12 @@ def _by_hand_block() -> str:
     return block
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def test_the_by_hand_block_starts_a_stack_and_replays_against_it(tmp_path: Path) -> None:
     """The README's by-hand commands, run as printed in one shell (the ports swapped for
     free ones): the agents join, the replay completes requests, `kill` stops the parts."""
     block = _by_hand_block()
     for port in sorted(set(re.findall(r"(?<=:)(\d{4,5})\b", block))):
-        block = re.sub(rf"(?<=[:= ]){port}\b", str(_free_port()), block)
+        block = re.sub(rf"(?<=[:= ]){port}\b", str(free_port()), block)
     env = {k: v for k, v in os.environ.items() if not k.startswith("KVC_")}
     env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
     script = f"set -m\n{block}\nwait\n"  # job control: `kill %1` names the background jobs

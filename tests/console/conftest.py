@@ -3,7 +3,6 @@ own start path) on a SQLite file, served by uvicorn on loopback, with one prefil
 decode `tiny` agent, and some traffic already recorded: completed requests sharing a prefix
 (cache hits) and requests rejected at admission."""
 
-import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,6 +12,7 @@ import httpx
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from backend.cli.children import free_port
 from backend.cli.conductor_cmd import Conductor
 from console.client import BackendClient
 from tests.harness.agents import AgentProcess
@@ -27,12 +27,6 @@ NUM_COMPLETED = 6
 NUM_REJECTED = 3
 # Shared by every completed prompt: two full blocks of 64 tokens, reused after the first.
 SHARED_PREFIX = list(range(1, 129))
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass

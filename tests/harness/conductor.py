@@ -13,6 +13,7 @@ from typing import Any
 
 import grpc
 
+from backend.cli.children import free_port
 from backend.rpc import agent_pb2 as pb
 from backend.rpc import agent_pb2_grpc as pb_grpc
 from backend.rpc.auth import SecretInterceptor
@@ -37,6 +38,8 @@ class HarnessConductor(pb_grpc.ConductorServicer):
         return f"127.0.0.1:{self.port}"
 
     def start(self) -> "HarnessConductor":
+        if not self.port:  # kept across stop() and start(): agents were given the address
+            self.port = free_port()
         server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="conductor"),
             interceptors=[SecretInterceptor(self.secret)],

@@ -4,12 +4,12 @@ sequence, the request deadline. Each ends in one recorded state with its reason,
 decode slot is free within a second."""
 
 import json
-import socket
 import time
 
 import httpx
 import pytest
 
+from backend.cli.children import free_port
 from backend.db import request_log
 from backend.rpc import agent_pb2 as pb
 from tests.harness.stack import conductor_stack
@@ -20,18 +20,12 @@ HEADERS = {"x-api-key": API_KEY}
 LONG = 20_000  # output tokens: far more than any test waits for
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     database = tmp_path_factory.mktemp("cancel") / "conductor.db"
     settings = make_settings(
         database_url=f"sqlite:///{database}",
-        grpc_port=_free_port(),
+        grpc_port=free_port(),
         max_output_tokens=LONG,
         rejection_policy="none",
     )

@@ -4,13 +4,13 @@ new Conductor ends every request its predecessor left open (`failed`, conductor_
 the agents rejoin and announce the blocks they hold, and serving goes on."""
 
 import os
-import socket
 import subprocess
 import threading
 import time
 
 import httpx
 
+from backend.cli.children import free_port
 from backend.rpc import agent_pb2 as pb
 from tests.harness.agents import KVCENTRIC, AgentProcess, stop_agents, wait_all
 
@@ -19,12 +19,6 @@ API_KEY = "api-key-0123456789"
 HEADERS = {"x-api-key": API_KEY}
 LONG = 20_000  # output tokens: the streams are still running when the Conductor dies
 NUM_STREAMS = 3
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 class ConductorProcess:
@@ -98,7 +92,7 @@ def _request_ids(lines: list[str]) -> set[str]:
 
 def test_a_killed_conductor_leaves_no_open_request_and_its_agents_drop_its_work(tmp_path):
     database = f"sqlite:///{tmp_path / 'conductor.db'}"
-    http_port, grpc_port = _free_port(), _free_port()
+    http_port, grpc_port = free_port(), free_port()
     conductor = ConductorProcess(database, http_port, grpc_port)
     extra = ("--conductor", f"127.0.0.1:{grpc_port}", "--heartbeat-interval-s", "0.2")
     agents = wait_all(

@@ -7,10 +7,10 @@ replay (`backend.loadgen`) of the shipped trace, length-scaled."""
 
 import asyncio
 import io
-import socket
 import threading
 import time
 
+from backend.cli.children import free_port
 from backend.db import request_log
 from backend.loadgen.plan import ReplayConfig, plan_requests
 from backend.loadgen.replay import replay
@@ -23,16 +23,10 @@ API_KEY = "api-key-0123456789"
 KILL_AFTER_S = 3.0
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def test_sigkill_of_an_agent_mid_replay_ends_every_request_once(tmp_path) -> None:
     settings = make_settings(
         database_url=f"sqlite:///{tmp_path / 'conductor.db'}",
-        grpc_port=_free_port(),
+        grpc_port=free_port(),
         heartbeat_timeout_s=2.0,
         rejection_policy="none",  # every refusal here is the kill's doing, not admission's
     )

@@ -2,11 +2,11 @@
 answers and a prefill and a decode instance serve; until then a request is refused with 503
 (the cluster cannot serve), not 429 (the client sent too much)."""
 
-import socket
 import time
 
 import httpx
 
+from backend.cli.children import free_port
 from tests.harness.agents import AgentProcess, stop_agents, wait_all
 from tests.harness.stack import conductor_stack
 from tests.runtime.conftest import make_settings
@@ -14,15 +14,9 @@ from tests.runtime.conftest import make_settings
 HEADERS = {"x-api-key": "api-key-0123456789"}
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def test_ready_only_when_both_roles_serve_and_503_until_then(tmp_path) -> None:
     settings = make_settings(
-        database_url=f"sqlite:///{tmp_path / 'conductor.db'}", grpc_port=_free_port()
+        database_url=f"sqlite:///{tmp_path / 'conductor.db'}", grpc_port=free_port()
     )
     with conductor_stack(settings, ["decode"], profile="tiny-cpu") as stack:
         not_ready = httpx.get(f"{stack.url}/readyz")

@@ -4,7 +4,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -14,16 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from backend.cli.children import free_port
+
 KVCENTRIC = str(Path(sys.executable).parent / "kvcentric")
 _SUMMARY = re.compile(r"(\d+) requests in [\d.]+ s: .*completed (\d+)")
 
 pytestmark = pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc for children")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _children(pid: int) -> list[int]:
@@ -53,8 +48,8 @@ def _alive(pid: int) -> bool:
 def test_up_replays_then_stops_cleanly_on_ctrl_c(tmp_path: Path) -> None:
     args = [
         KVCENTRIC, "up", "--minutes", "0:0.2", "--length-scale", "0.02", "--speed", "8",
-        "--data-dir", str(tmp_path / "data"), "--port", str(_free_port()),
-        "--grpc-port", str(_free_port()), "--console-port", str(_free_port()),
+        "--data-dir", str(tmp_path / "data"), "--port", str(free_port()),
+        "--grpc-port", str(free_port()), "--console-port", str(free_port()),
     ]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if not k.startswith("KVC_")}
     process = subprocess.Popen(
@@ -136,10 +131,10 @@ def test_up_starts_a_killed_agent_and_a_killed_conductor_again(tmp_path: Path) -
     """SIGKILL of an agent, then of the Conductor: each is reported and started again (the
     agent under its instance id, the Conductor on its database, which its agents rejoin),
     the rest keeps serving, and Ctrl-C still stops everything with exit 0."""
-    port = _free_port()
+    port = free_port()
     args = [
         KVCENTRIC, "up", "--no-replay", "--no-console", "--data-dir", str(tmp_path / "data"),
-        "--port", str(port), "--grpc-port", str(_free_port()),
+        "--port", str(port), "--grpc-port", str(free_port()),
     ]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if not k.startswith("KVC_")}
     process = subprocess.Popen(

@@ -13,6 +13,7 @@ from pathlib import Path
 import openai
 import pytest
 
+from backend.cli.children import free_port
 from backend.tokenizer.model_tokenizer import ModelTokenizer
 from tests.harness.reference_model import (
     MODEL,
@@ -21,7 +22,6 @@ from tests.harness.reference_model import (
     needs_real_model,
     reference_greedy,
 )
-from tests.stack.test_up import _free_port
 
 KVCENTRIC = str(Path(sys.executable).parent / "kvcentric")
 pytestmark = needs_real_model
@@ -32,11 +32,11 @@ NUM_TOKENS = 16
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     data = tmp_path_factory.mktemp("up")
-    port = _free_port()
+    port = free_port()
     args = [
         KVCENTRIC, "up", "--model", MODEL, "--prefill", "1", "--decode", "1", "--no-replay",
         "--no-console", "--data-dir", str(data), "--port", str(port),
-        "--grpc-port", str(_free_port()),
+        "--grpc-port", str(free_port()),
     ]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if not k.startswith("KVC_")}
     process = subprocess.Popen(
