@@ -8,6 +8,8 @@ stage, `record_outcome` counts every terminal request once by state (a rejected 
 counted by both).
 """
 
+import contextlib
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
@@ -120,6 +122,35 @@ class ConductorMetrics:
             self.decode_predicted_tbt,
         )
         self._instance_roles: dict[str, str] = {}
+        # What the Conductor's load sampler sees (one value per instance, every tick): the
+        # pool loads the console and the twin plot, and how long since each agent spoke.
+        self.instance_load = Gauge(
+            f"{_PREFIX}_instance_load",
+            "Load of an instance as the policy sees it: prefill T_queue over the TTFT SLO, "
+            "decode max(predicted TBT over its SLO, KV memory share); 1.0 is at the SLO.",
+            labels, registry=r,
+        )  # fmt: skip
+        self.instance_heartbeat_age = Gauge(
+            f"{_PREFIX}_instance_heartbeat_age_seconds",
+            "Seconds since the instance's last heartbeat.", labels, registry=r,
+        )  # fmt: skip
+        self.slo_seconds = Gauge(
+            f"{_PREFIX}_slo_seconds", "The SLOs in force, by kind (ttft, tbt).", ["kind"],
+            registry=r,
+        )  # fmt: skip
+        self.reachable_tokens = Counter(
+            f"{_PREFIX}_reachable_tokens",
+            "Prompt tokens of dispatched requests that the longest cached prefix on any prefill "
+            "instance covered (the hit ratio the pool could reach).", registry=r,
+        )  # fmt: skip
+        self.calibration_refits = Gauge(
+            f"{_PREFIX}_calibration_refits", "Refits of the cost model so far.", registry=r
+        )
+        self.calibration_error = Gauge(
+            f"{_PREFIX}_calibration_median_rel_error",
+            "Median |believed - measured| / measured over the calibration window, by kind "
+            "(prefill, decode).", ["kind"], registry=r,
+        )  # fmt: skip
 
     # -- requests ------------------------------------------------------------------------
     def record_submitted(self, endpoint: str) -> None:
@@ -142,6 +173,8 @@ class ConductorMetrics:
         branch = "transfer" if plan.fetch is not None and plan.fetch.keys else "local"
         self.decisions.labels(self.scheduler if scheduler is None else scheduler, branch).inc()
         self.input_tokens.inc(plan.num_reused_tokens + plan.num_compute_tokens)
+        reachable_blocks = max((c.prefix_blocks for c in dispatch.candidates), default=0)
+        self.reachable_tokens.inc(reachable_blocks * self.block_size)
         self.reused_tokens.inc(plan.num_reused_tokens)
         self.prefill_tokens.inc(plan.num_compute_tokens)
         if plan.fetch is not None:
@@ -171,13 +204,40 @@ class ConductorMetrics:
         self.decode_context_tokens.labels(instance_id, role).set(load.context_tokens)
         self.decode_predicted_tbt.labels(instance_id, role).set(load.predicted_tbt_s)
 
+    def set_pool_sample(
+        self,
+        loads: dict[tuple[str, str], float],
+        heartbeat_ages_s: dict[tuple[str, str], float],
+        *,
+        ttft_slo_s: float,
+        tbt_slo_s: float,
+    ) -> None:
+        """One tick of the load sampler: each (instance_id, role)'s load and heartbeat age."""
+        for (instance_id, role), load in loads.items():
+            self._instance_roles.setdefault(instance_id, role)
+            self.instance_load.labels(instance_id, role).set(load)
+        for (instance_id, role), age_s in heartbeat_ages_s.items():
+            self._instance_roles.setdefault(instance_id, role)
+            self.instance_heartbeat_age.labels(instance_id, role).set(age_s)
+        self.slo_seconds.labels("ttft").set(ttft_slo_s)
+        self.slo_seconds.labels("tbt").set(tbt_slo_s)
+
+    def set_calibration(
+        self, num_refits: int, prefill_error: float | None, decode_error: float | None
+    ) -> None:
+        self.calibration_refits.set(num_refits)
+        for kind, error in (("prefill", prefill_error), ("decode", decode_error)):
+            if error is not None:
+                self.calibration_error.labels(kind).set(error)
+
     def remove_instance(self, instance_id: str) -> None:
         """Forget an instance that left, so its last load is not reported forever."""
         role = self._instance_roles.pop(instance_id, None)
         if role is None:
             return
-        for gauge in self._load_gauges:  # all set together, so each has the series
-            gauge.remove(instance_id, role)
+        for gauge in (*self._load_gauges, self.instance_load, self.instance_heartbeat_age):
+            with contextlib.suppress(KeyError):  # a gauge the instance never had a value in
+                gauge.remove(instance_id, role)
 
     # -- exposition ----------------------------------------------------------------------
     def render(self) -> bytes:

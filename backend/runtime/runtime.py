@@ -271,6 +271,21 @@ class ConductorRuntime(EffectHandler):
                     )
                 )
             seen = {instance_id: info.last_seen_s for instance_id, info in self._agents.items()}
+            roles = {instance_id: info.join.role for instance_id, info in self._agents.items()}
+            ttft_slo_s, tbt_slo_s = self.config.ttft_slo_s, self.config.tbt_slo_s
+        if self.metrics is not None:
+            loads = {
+                (s.instance_id, roles[s.instance_id]): (
+                    s.prefill_load_s / ttft_slo_s if s.prefill_load_s is not None else s.decode_load
+                )
+                for s in samples
+            }
+            self.metrics.set_pool_sample(
+                {key: load for key, load in loads.items() if load is not None},
+                {(i, roles[i]): max(0.0, now_s - seen_s) for i, seen_s in seen.items()},
+                ttft_slo_s=ttft_slo_s,
+                tbt_slo_s=tbt_slo_s,
+            )
         return samples, seen
 
     # -- agents: joins, heartbeats, death ----------------------------------------------------
@@ -378,10 +393,21 @@ class ConductorRuntime(EffectHandler):
             refit.cost.prefill, refit.cost.decode, refit.cost.serving,
             f"; {'; '.join(refit.notes)}" if refit.notes else "",
         )  # fmt: skip
-        if self._sessions is None:
-            return []
-        state = calibrator.to_state()
-        return [lambda: self._save_calibration(state, now_s)]
+        work: list[Callable[[], None]] = []
+        if self.metrics is not None:
+            work.append(lambda snapshot=calibrator.snapshot(): self._export_calibration(snapshot))
+        if self._sessions is not None:
+            state = calibrator.to_state()
+            work.append(lambda: self._save_calibration(state, now_s))
+        return work
+
+    def _export_calibration(self, snapshot: Calibrator) -> None:
+        residuals = snapshot.residuals()
+        self.metrics.set_calibration(  # type: ignore[union-attr]
+            snapshot.num_refits,
+            residuals["prefill_median_rel_err"],
+            residuals["decode_median_rel_err"],
+        )
 
     def _save_calibration(self, state: dict, now_s: float) -> None:
         try:
