@@ -26,6 +26,7 @@ from twin.paper_settings import (
     FORMAT,
     PAPER_HIT_RATIO,
     PLACEHOLDER,
+    POLICY_SPLITS,
     REJECTIONS,
     SCHEDULERS,
     SPEEDS,
@@ -60,6 +61,7 @@ def paper_experiments(base: TwinConfig | None = None) -> dict[str, list[TwinConf
         "overload": expand_grid(base, rejections=REJECTIONS, speeds=SPEEDS),
         "splits": expand_grid(base, splits=SPLITS, speeds=SPLIT_SPEEDS),
         "decode_bound": expand_grid(base.with_changes(**DECODE_BOUND), rejections=REJECTIONS),
+        "policies": expand_grid(base, splits=POLICY_SPLITS, rejections=REJECTIONS, speeds=SPEEDS),
     }
 
 
@@ -124,7 +126,7 @@ def cache_hit_ratios(
 def write_outputs(summary: dict, runs: dict[str, list[dict]], out_dir: Path) -> list[Path]:
     """Tables as CSV/JSON, paper.json, reports.json (no per-request rows) and the HTML pages."""
     paths = []
-    for name in ("schedulers", "overload", "splits", "cache", "decode_bound"):
+    for name in ("schedulers", "overload", "splits", "cache", "decode_bound", "policies"):
         paths += write_results(summary[name], out_dir, stem=name)
     paths.append(out_dir / "paper.json")
     paths[-1].write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n", "utf-8")
@@ -189,6 +191,10 @@ def _pages(summary: dict, runs: dict[str, list[dict]]) -> dict:
                 for metric in ("goodput_rps", "ttft_p90_s", "num_rejected")
             },
         ),
+        "policies": (
+            "(f) the three policies across speeds 1x-5x and P:D splits of 8 instances",
+            _policy_figures(summary["policies"], runs["policies"]),
+        ),
         "cache": (
             "(c) cache hit ratio vs capacity",
             {
@@ -201,6 +207,37 @@ def _pages(summary: dict, runs: dict[str, list[dict]]) -> dict:
             },
         ),
     }
+
+
+POLICY_METRICS = (
+    "goodput_rps",
+    "wasted_prefill_s",
+    "num_rejected_admission",
+    "num_rejected_decode",
+    "slo_attainment",
+    "decode_load_amplitude",
+)
+
+
+def _policy_figures(table: list[dict], reports: list[dict]) -> dict:
+    """Per split, each metric against speed with a line per policy; and the pool loads of
+    the three policies at the split that binds decode hardest, at 4x."""
+    figures = {}
+    for split in dict.fromkeys(row["split"] for row in table):
+        rows = [row for row in table if row["split"] == split]
+        for metric in POLICY_METRICS:
+            figures[f"{metric}-{split}"] = metric_vs_parameter_figure(
+                rows, "speed", [metric], group_by=["rejection"], title=f"{metric}, {split}"
+            )
+    p, d = POLICY_SPLITS[0]
+    for report in reports:
+        config = report["config"]
+        if (config["num_prefill"], config["num_decode"], config["speed"]) == (p, d, 4.0):
+            name = config["rejection"]
+            figures[f"load-{name}"] = load_figure(
+                {name: report}, title=f"Pool load, {name}, {p}P:{d}D, 4x"
+            )
+    return figures
 
 
 def _without_requests(report: dict) -> dict:

@@ -12,6 +12,9 @@ SPLITS = ((4, 12), (6, 10), (8, 8), (10, 6), (12, 4))
 SPLIT_SPEEDS = (1.0, 2.0)
 # Where decode, not prefill, binds on this profile: few decode instances, heavy replay.
 DECODE_BOUND = {"num_prefill": 14, "num_decode": 2, "speed": 4.0}
+# (f) the paper's missing experiment: the three policies at every speed and at splits of
+# 8 instances from decode-bound (7P:1D) to prefill-bound (5P:3D).
+POLICY_SPLITS = ((7, 1), (6, 2), (5, 3))
 CACHE_POLICIES = ("lru", "lfu", "length-aware")
 CACHE_CAPACITIES = (1_000, 5_000, 10_000, 20_000, 30_000, 50_000, 100_000, None)
 

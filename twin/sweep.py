@@ -40,7 +40,11 @@ HEADLINE_METRICS = (
     "cache_hit_ratio",
     "wasted_prefill_s",
     "prefill_load_amplitude",
+    "prefill_load_period_s",
     "decode_load_amplitude",
+    "decode_load_period_s",
+    "decode_forecast_mae",
+    "decode_forecast_bias",
     "sim_wall_s",
 )
 # The axes a sweep can vary, and the metrics plotted against each of them.

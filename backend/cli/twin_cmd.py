@@ -346,6 +346,19 @@ def validate_command(
         help="SLOs as kvcentric up sets them: 10x TTFT / 5x TBT of a lone request on the "
         "tiny-cpu profile, times this.",
     ),
+    ttft_slo: str | None = typer.Option(
+        None,
+        "--ttft-slo",
+        metavar="SECONDS",
+        help="TTFT SLO of every config, instead of --slo-headroom's.",
+    ),
+    tbt_slo: str | None = typer.Option(
+        None,
+        "--tbt-slo",
+        metavar="SECONDS",
+        help="TBT SLO of every config, instead of --slo-headroom's (a tight one makes the "
+        "decode pool the one that binds).",
+    ),
     repeats: str = typer.Option(
         "1",
         "--repeats",
@@ -374,6 +387,10 @@ def validate_command(
         if warmup_minutes:
             parse_minutes(warmup_minutes)
         ttft_slo_s, tbt_slo_s = demo_slos(trace, scale, _number("--slo-headroom", slo_headroom))
+        if ttft_slo is not None:
+            ttft_slo_s = _positive("--ttft-slo", ttft_slo)
+        if tbt_slo is not None:
+            tbt_slo_s = _positive("--tbt-slo", tbt_slo)
         settings = ValidateSettings(
             trace=trace,
             warmup_minutes=warmup_minutes,
@@ -446,6 +463,13 @@ def _number(option: str, text: str) -> float:
         return float(text)  # "inf" is a number here
     except ValueError:
         raise ValueError(f"{option} needs a number (or inf), got {text!r}") from None
+
+
+def _positive(option: str, text: str) -> float:
+    value = _number(option, text)
+    if not 0 < value < float("inf"):
+        raise ValueError(f"{option} must be a positive number of seconds, got {text!r}")
+    return value
 
 
 def _items(text: str) -> list[str]:

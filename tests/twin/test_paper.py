@@ -66,6 +66,12 @@ def fake_summary() -> dict:
             row(rejection=name, num_rejected=n)
             for name, n in (("baseline", 9), ("early", 8), ("early-predicted", 6))
         ],
+        "policies": [
+            row(split=split, speed=speed, rejection=name, num_rejected=n, goodput_rps=g)
+            for split in ("7:1", "6:2")
+            for speed in (1.0, 2.0)
+            for name, n, g in (("baseline", 9, 1.0), ("early", 8, 1.1), ("early-predicted", 6, 1.2))
+        ],
         "cache": [
             {"policy": policy, "capacity_blocks": capacity, "hit_ratio": 0.123}
             for policy in CACHE_POLICIES
@@ -85,9 +91,13 @@ def test_doc_puts_our_numbers_beside_the_papers_and_says_what_differs(tmp_path):
     assert "ours random > cache-aware > load-balancing > kvcache-centric" in doc
     assert "(a different order)" in doc
     assert "ours baseline = early = early-predicted; paper baseline > early" in doc
-    assert doc.count(PLACEHOLDER.split("{")[0]) == 7
+    assert doc.count(PLACEHOLDER.split("{")[0]) == 8
     assert "[schedulers.html](../out/schedulers.html)" in doc
     assert "| early-predicted | 6 |" in doc  # the decode-bound table
+    # (f): the policies side by side per split and speed, and how many cells follow Table 3.
+    assert "| 7:1 | 1.0 | baseline | 9 |" in doc
+    assert "4 have policies that reject different numbers of requests; of those, 4 follow" in doc
+    assert "in 4 early-predicted has the highest goodput" in doc
 
 
 def test_the_hand_written_account_fills_its_sections(tmp_path):
@@ -96,7 +106,7 @@ def test_the_hand_written_account_fills_its_sections(tmp_path):
     account = load_account(account_file)
     doc = render_doc(fake_summary(), tmp_path / "out", tmp_path / "results.md", account)
     assert "Schedulers explained." in doc and "All of them." in doc
-    assert doc.count(PLACEHOLDER.split("{")[0]) == 5  # b, b', c, d, e still open
+    assert doc.count(PLACEHOLDER.split("{")[0]) == 6  # b, b', c, d, e, f still open
 
 
 def test_a_whole_run_writes_every_table_page_and_the_doc(shipped_trace, tmp_path):
@@ -117,7 +127,8 @@ def test_a_whole_run_writes_every_table_page_and_the_doc(shipped_trace, tmp_path
     assert len(summary["cache"]) == len(CACHE_POLICIES) * len(CACHE_CAPACITIES)
     assert ticks[-1][0] == ticks[-1][1] == len(ticks)
     assert json.loads((out / "paper.json").read_text()) == json.loads(json.dumps(summary))
-    for name in ("schedulers", "overload", "splits", "cache"):
+    assert len(summary["policies"]) == len(experiments["policies"]) == 45
+    for name in ("schedulers", "overload", "splits", "cache", "policies"):
         assert (out / f"{name}.csv").is_file()
         assert parse_page(out / f"{name}.html").div_ids
     reports = json.loads((out / "reports.json").read_text())

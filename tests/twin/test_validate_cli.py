@@ -65,6 +65,12 @@ def test_repeated_runs_compare_medians_and_say_whether_the_twin_is_within_live_s
     assert set(compare_runs(lives[:1], twins[:1])["ttft_p50_s"]) == {"live", "twin", "rel_err"}
 
 
+def test_an_slo_must_be_a_positive_number_of_seconds() -> None:
+    for flag, value in (("--tbt-slo", "0"), ("--ttft-slo", "-1"), ("--tbt-slo", "fast")):
+        result = run("--minutes", "0:1", flag, value, timeout_s=60)
+        assert result.returncode == 2 and flag in result.stderr, result.stderr
+
+
 def test_a_window_without_requests_is_a_clear_message(tmp_path) -> None:
     result = run("--minutes", "500:501", timeout_s=60)
     assert result.returncode == 2
@@ -77,7 +83,7 @@ def test_a_short_window_live_and_in_the_twin(tmp_path) -> None:
     out = tmp_path / "validate"
     result = run(
         "--warmup-minutes", "0:0.15", "--minutes", "0.15:0.3",
-        "--changes", '[{}, {"kvcache_balancing_threshold": "inf"}]',
+        "--changes", '[{}, {"kvcache_balancing_threshold": "inf"}]', "--tbt-slo", "0.5",
         "--out", str(out), "--json",
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
@@ -99,4 +105,7 @@ def test_a_short_window_live_and_in_the_twin(tmp_path) -> None:
         folder = out / f"config-{index}"
         assert json.loads((folder / "live-report.json").read_text())["num_requests"] > 0
         assert json.loads((folder / "live-profile.json").read_text())["believed"]
+        # --tbt-slo judged both sides: the live Conductor's SLO and the twin's.
+        assert json.loads((folder / "live-report.json").read_text())["tbt_slo_s"] == 0.5
+        assert json.loads((folder / "twin-report.json").read_text())["config"]["tbt_slo_s"] == 0.5
     assert "config 2/2" in result.stderr  # progress on stderr
