@@ -16,6 +16,7 @@ ENV_BACKEND = "KVC_CONSOLE_BACKEND"
 ENV_API_KEY = "KVC_CONSOLE_API_KEY"
 ENV_TWIN_PROFILE = "KVC_CONSOLE_TWIN_PROFILE"
 ENV_REFRESH_S = "KVC_CONSOLE_REFRESH_S"
+ENV_RAY_ADDRESS = "KVC_CONSOLE_RAY_ADDRESS"
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +29,7 @@ class ConsoleSettings:
     api_key: str = field(default="", repr=False)
     twin_profile: str = str(DEFAULT_TWIN_PROFILE)
     refresh_s: float = DEFAULT_REFRESH_S
+    ray_address: str | None = None  # what-if runs as Ray tasks there (twin/ray_sweep.py)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "ConsoleSettings":
@@ -43,6 +45,7 @@ class ConsoleSettings:
             api_key=env.get(ENV_API_KEY) or "",
             twin_profile=env.get(ENV_TWIN_PROFILE) or str(DEFAULT_TWIN_PROFILE),
             refresh_s=refresh_s if refresh_s > 0 else DEFAULT_REFRESH_S,
+            ray_address=env.get(ENV_RAY_ADDRESS) or None,
         )
 
     def to_env(self) -> dict[str, str]:
@@ -52,4 +55,5 @@ class ConsoleSettings:
             ENV_API_KEY: self.api_key,
             ENV_TWIN_PROFILE: self.twin_profile,
             ENV_REFRESH_S: str(self.refresh_s),
+            ENV_RAY_ADDRESS: self.ray_address or "",
         }

@@ -160,6 +160,7 @@ def run_whatif(
     on_progress: OnProgress | None = None,
     trace_label: str = "",
     workers: int | None = None,
+    ray_address: str | None = None,
 ) -> dict[str, Any]:
     """`twin.compare` of both configs on the same rows (the what-if result).
 
@@ -181,6 +182,7 @@ def run_whatif(
                 workers=num_workers,
                 trace_label=trace_label,
                 on_done=lambda index, report: finished.put(index),
+                ray_address=ray_address,
             )
         except BaseException as error:  # re-raised in the caller's thread
             outcome["error"] = error

@@ -63,10 +63,17 @@ def compare(
     workers: int = 2,
     trace_label: str = "",
     on_done: OnDone | None = None,
+    ray_address: str | None = None,
 ) -> dict:
-    """Simulate both configs on `rows` (in two processes when workers > 1) and compare them."""
+    """Simulate both configs on `rows` (in two processes when workers > 1, or as Ray tasks
+    with `ray_address`) and compare them."""
     reports = run_sweep(
-        [baseline, candidate], rows, workers=workers, on_done=on_done, trace_label=trace_label
+        [baseline, candidate],
+        rows,
+        workers=workers,
+        on_done=on_done,
+        trace_label=trace_label,
+        ray_address=ray_address,
     )
     return compare_reports(*reports)
 

@@ -105,14 +105,28 @@ def run_sweep(
     workers: int,
     on_done: OnDone | None = None,
     trace_label: str = "",
+    ray_address: str | None = None,
 ) -> list[dict]:
     """Simulate every config on the same rows; the reports come back in `configs` order.
 
     With `workers` > 1 the runs go to that many processes. Each task carries the rows
     (pickling the whole shipped trace takes ~0.1 s, a run takes far longer), so workers keep
-    no state. `on_done(index, report)` is called in the calling process as each run ends.
+    no state. With `ray_address` they are Ray tasks instead (twin/ray_sweep.py), on that
+    cluster or, for "local", on a Ray instance started here with `workers` CPUs.
+    `on_done(index, report)` is called in the calling process as each run ends.
     The first failing run stops the sweep: queued runs are cancelled and its error re-raised.
     """
+    if ray_address is not None:
+        from twin.ray_sweep import run_on_ray  # Ray is optional: imported only when asked for
+
+        return run_on_ray(
+            configs,
+            rows,
+            address=ray_address,
+            workers=workers,
+            trace_label=trace_label,
+            on_done=on_done,
+        )
     rows = list(rows)
     reports: dict[int, dict] = {}
 
@@ -123,7 +137,7 @@ def run_sweep(
 
     if workers <= 1 or len(configs) <= 1:
         for index, config in enumerate(configs):
-            finish(index, _simulate(config, rows, trace_label))
+            finish(index, simulate_one(config, rows, trace_label))
         return [reports[index] for index in range(len(configs))]
     # forkserver, not fork: callers such as the console's server run threads, and forking a
     # threaded process can copy a held lock into the child.
@@ -131,7 +145,7 @@ def run_sweep(
     pool = ProcessPoolExecutor(min(workers, len(configs)), mp_context=context)
     try:
         futures: dict[Future, int] = {
-            pool.submit(_simulate, config, rows, trace_label): index
+            pool.submit(simulate_one, config, rows, trace_label): index
             for index, config in enumerate(configs)
         }
         for future in as_completed(futures):
@@ -196,5 +210,6 @@ def write_sweep(reports: Sequence[dict], out_dir: Path, title: str = "twin sweep
     return paths
 
 
-def _simulate(config: TwinConfig, rows: list[TraceRow], trace_label: str) -> dict:
+def simulate_one(config: TwinConfig, rows: list[TraceRow], trace_label: str) -> dict:
+    """One run of a sweep (a function of the module, so worker processes can import it)."""
     return simulate(config, rows, trace_label=trace_label)

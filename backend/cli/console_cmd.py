@@ -18,6 +18,7 @@ from console.settings import (
     DEFAULT_TWIN_PROFILE,
     ENV_API_KEY,
     ENV_BACKEND,
+    ENV_RAY_ADDRESS,
     ConsoleSettings,
 )
 
@@ -79,6 +80,14 @@ def console_command(
     refresh_s: float = typer.Option(
         DEFAULT_REFRESH_S, "--refresh-s", min=0.5, help="Live pages refresh every this often."
     ),
+    ray: str | None = typer.Option(
+        None,
+        "--ray",
+        envvar=ENV_RAY_ADDRESS,
+        metavar="ADDRESS",
+        help="Run the What-if page's twin runs as Ray tasks on this cluster (auto, HOST:PORT "
+        "or ray://HOST:10001; needs kvcentric[ray]). Default: local worker processes.",
+    ),
 ) -> None:
     """Serve the operator console (Streamlit) for a running Conductor; Ctrl-C stops it."""
     try:
@@ -101,6 +110,7 @@ def console_command(
         if twin_profile not in (*_BUILTIN_PROFILES, "live")
         else twin_profile,
         refresh_s=refresh_s,
+        ray_address=ray,
     )
     args, env = streamlit_command(settings, host=host, port=port)
     typer.echo(f"console: http://{host}:{port} (backend {backend})", err=True)

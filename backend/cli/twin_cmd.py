@@ -191,6 +191,15 @@ def sweep_command(
     rejections: str = typer.Option("", "--rejections", metavar="LIST", help=_REJECTION_HELP),
     speeds: str = typer.Option("", "--speeds", metavar="LIST", help=_SPEED_HELP + " E.g. 1,2."),
     workers: str | None = typer.Option(None, "--workers", metavar="N", help=_WORKERS_HELP),
+    ray: str | None = typer.Option(
+        None,
+        "--ray",
+        metavar="ADDRESS",
+        help="Run the sweep as Ray tasks (needs kvcentric[ray], and kvcentric on every "
+        "worker): auto (this machine's cluster or RAY_ADDRESS), HOST:PORT of a head node, "
+        "ray://HOST:10001, or local (a Ray instance started here with --workers CPUs). The "
+        "reports are the same as without it.",
+    ),
     out: Path = typer.Option(Path("twin-sweep"), "--out", metavar="DIR", help="Output folder."),
 ) -> None:
     """Simulate every combination of the given lists (an omitted list keeps the base value).
@@ -211,13 +220,17 @@ def sweep_command(
         rows = _load_rows(trace, minutes)
         with _progress() as progress:
             task = progress.add_task(f"{len(configs)} runs", total=len(configs))
-            reports = run_sweep(
-                configs,
-                rows,
-                workers=num_workers,
-                on_done=lambda *_: progress.update(task, advance=1, refresh=True),
-                trace_label=_label(trace, minutes),
-            )
+            try:
+                reports = run_sweep(
+                    configs,
+                    rows,
+                    workers=num_workers,
+                    on_done=lambda *_: progress.update(task, advance=1, refresh=True),
+                    trace_label=_label(trace, minutes),
+                    ray_address=ray or None,
+                )
+            except RuntimeError as error:  # Ray missing, or its cluster not reachable
+                _fail(str(error))
         paths = write_sweep(reports, out)
     table = results_table(reports)
     shown = [*swept_axes(table), "num_completed", "num_rejected", "ttft_mean_s", "ttft_p90_s"]

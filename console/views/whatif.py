@@ -151,6 +151,7 @@ def run(
             rows,
             on_progress=lambda fraction, text: bar.progress(fraction, text=text),
             trace_label=trace.get("name", "recorded window"),
+            ray_address=settings().ray_address,
         )
     except (ValueError, RuntimeError) as error:
         st.error(f"the twin could not run: {error}")
