@@ -23,6 +23,7 @@ from agents.transport.mooncake_engine import mooncake_missing_reason
 
 _SECRET = b"bench-secret"
 _BITS_PER_BYTE = 8
+_CLONE_NEWNET = 0x40000000
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,8 +48,18 @@ def _make_blocks(num_blocks: int, block_bytes: int) -> list[bytes]:
     return [os.urandom(block_bytes) for _ in range(num_blocks)]
 
 
-def _serve(pipe: Connection, num_blocks: int, block_bytes: int, with_mooncake: bool) -> None:
-    """The serving process: one block store behind every transport and a bare socket."""
+def _serve(
+    pipe: Connection,
+    num_blocks: int,
+    block_bytes: int,
+    with_mooncake: bool,
+    netns: str | None = None,
+    address: str = "127.0.0.1",
+) -> None:
+    """The serving process: one block store behind every transport and a bare socket, on
+    `address`, inside the network namespace `netns` when given (another virtual host)."""
+    if netns is not None:
+        _enter_netns(netns)
     blocks = _make_blocks(num_blocks, block_bytes)
     sums = [checksum(block) for block in blocks]  # stored with the blocks, as the pool does
     pipe.send([b[:16] for b in blocks])  # lets the client check it got these very bytes
@@ -58,9 +69,9 @@ def _serve(pipe: Connection, num_blocks: int, block_bytes: int, with_mooncake: b
 
     kinds = ("tcp", "mooncake") if with_mooncake else ("tcp",)
     servers = [make_transport(kind, secret=_SECRET, source=lookup) for kind in kinds]
-    addresses = [server.start("127.0.0.1:0") for server in servers]
-    listener = socket.create_server(("127.0.0.1", 0))
-    pipe.send((addresses, format_address("127.0.0.1", listener.getsockname()[1])))
+    addresses = [server.start(f"{address}:0") for server in servers]
+    listener = socket.create_server((address, 0))
+    pipe.send((addresses, format_address(address, listener.getsockname()[1])))
     sock, _ = listener.accept()
     while sock.recv(1):  # one byte asks for the whole batch; EOF ends the run
         for block in blocks:
@@ -69,6 +80,16 @@ def _serve(pipe: Connection, num_blocks: int, block_bytes: int, with_mooncake: b
     listener.close()
     for server in servers:
         server.close()
+
+
+def _enter_netns(name: str) -> None:
+    """Move this (single-threaded, freshly spawned) process into the named namespace."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    with open(f"/var/run/netns/{name}") as handle:
+        if libc.setns(handle.fileno(), _CLONE_NEWNET) != 0:
+            raise OSError(ctypes.get_errno(), f"cannot enter network namespace {name}")
 
 
 def _recv_batch(sock: socket.socket, buffer: memoryview) -> None:
@@ -90,15 +111,26 @@ def _check_heads(buffer: memoryview, block_bytes: int, heads: list[bytes], what:
 
 
 def run_transport_bench(
-    num_blocks: int = 64, block_bytes: int = 1 << 20, repeats: int = 5
+    num_blocks: int = 64,
+    block_bytes: int = 1 << 20,
+    repeats: int = 5,
+    *,
+    serve_netns: str | None = None,
+    serve_address: str = "127.0.0.1",
 ) -> TransportBenchResult:
-    """Fetch `num_blocks` blocks of `block_bytes` `repeats` times each way; medians."""
+    """Fetch `num_blocks` blocks of `block_bytes` `repeats` times each way; medians. With
+    `serve_netns`, the serving process runs in that namespace on `serve_address` and the
+    bytes cross its link (backend/bench/netns.py); Mooncake is then left out."""
     if num_blocks <= 0 or block_bytes <= 0 or repeats <= 0:
         raise ValueError("num_blocks, block_bytes and repeats must be positive")
     skipped = mooncake_missing_reason()
+    if serve_netns is not None:
+        skipped = "not run across network namespaces"
     parent, child = mp.get_context("spawn").Pipe()
     server = mp.get_context("spawn").Process(
-        target=_serve, args=(child, num_blocks, block_bytes, skipped is None), daemon=True
+        target=_serve,
+        args=(child, num_blocks, block_bytes, skipped is None, serve_netns, serve_address),
+        daemon=True,
     )
     server.start()
     if not parent.poll(60):

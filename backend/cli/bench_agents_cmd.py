@@ -86,6 +86,13 @@ def transport(
     num_blocks: int = typer.Option(64, "--blocks", min=1, help="Blocks per batch."),
     block_bytes: int = typer.Option(1 << 20, "--block-bytes", min=1, help="Bytes per block."),
     repeats: int = typer.Option(5, "--repeat", min=1, help="Repeats; figures are medians."),
+    netns: bool = typer.Option(
+        False,
+        "--netns",
+        help="Also across network namespaces: the serving process on a virtual host of its "
+        "own (a namespace, a veth pair and a bridge; needs root), in the same run as "
+        "loopback; across_* figures and across_vs_loopback = across / loopback ours_gbps.",
+    ),
     as_json: bool = _json_option(),
 ) -> None:
     """Move a batch of KV blocks between two processes on loopback: our TCP transport, a
@@ -95,8 +102,28 @@ def transport(
 
     from agents.transport.bench import run_transport_bench
 
-    result = run_transport_bench(num_blocks, block_bytes, repeats)
-    _report("KV data plane", asdict(result), as_json)
+    result = asdict(run_transport_bench(num_blocks, block_bytes, repeats))
+    if netns:
+        from backend.bench.netns import VirtualHosts
+
+        try:
+            with VirtualHosts(1, tag="b") as net:
+                host = net.hosts[0]
+                across = run_transport_bench(
+                    num_blocks,
+                    block_bytes,
+                    repeats,
+                    serve_netns=host.name,
+                    serve_address=host.address,
+                )
+        except RuntimeError as error:
+            typer.echo(f"error: --netns: {error}", err=True)
+            raise typer.Exit(2) from None
+        result["across_ours_gbps"] = across.ours_gbps
+        result["across_socket_gbps"] = across.socket_gbps
+        result["across_ratio"] = across.ratio
+        result["across_vs_loopback"] = across.ours_gbps / result["ours_gbps"]
+    _report("KV data plane", result, as_json)
 
 
 @bench_app.command("pipeline")

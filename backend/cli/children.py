@@ -14,10 +14,10 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Protocol
 
 KVCENTRIC = str(Path(sys.executable).parent / "kvcentric")
 SECRET_BYTES = 32
@@ -192,15 +192,20 @@ def agent_child(
     logs: Path,
     torch_threads: int | None = None,
     model: str = "tiny",
+    host: "Host | None" = None,
 ) -> Child:
-    """An agent serving `model` on free loopback ports that joins `conductor` ("host:port")."""
+    """An agent serving `model` on free ports that joins `conductor` ("host:port"): on
+    loopback, or bound to `host`'s address inside it (a virtual host of its own)."""
+    address = host.address if host is not None else "127.0.0.1"
     args = [
-        KVCENTRIC, "agent", "--role", role, "--listen", "127.0.0.1:0",
-        "--data-listen", "127.0.0.1:0", "--model", model, "--instance-id", instance_id,
+        KVCENTRIC, "agent", "--role", role, "--listen", f"{address}:0",
+        "--data-listen", f"{address}:0", "--model", model, "--instance-id", instance_id,
         "--block-size", str(block_size), "--conductor", conductor,
     ]  # fmt: skip
     if torch_threads is not None:
         args += ["--torch-threads", str(torch_threads)]
+    if host is not None:
+        args = host.command(args)
     return Child(
         f"agent {instance_id}", args, env, logs / f"agent-{instance_id}.log", stdout_pipe=False
     )
@@ -287,6 +292,16 @@ def stop_stack(replay: Child | None, children: list[Child]) -> None:
             child.wait()
 
 
+class Host(Protocol):
+    """Where a child runs when not on this host's loopback: an address of its own, and the
+    command that starts a process there (backend/bench/netns.py: a network namespace)."""
+
+    @property
+    def address(self) -> str: ...
+
+    def command(self, args: list[str]) -> list[str]: ...
+
+
 @dataclass
 class LocalStack:
     """A Conductor (SQLite under `data_dir`, on free loopback ports) and its `tiny` agents,
@@ -326,10 +341,14 @@ def start_local_stack(
     block_size: int,
     profile: str,
     env: Mapping[str, str] | None = None,
+    hosts: Sequence[Host] = (),
 ) -> LocalStack:
     """Start the stack under `work_dir` (data/, logs/) and wait until every agent has joined;
-    `env`: KVC_* settings of the Conductor beyond the secrets, which are generated. Stops
-    what it started and raises ChildFailed if a child dies or does not get ready."""
+    `env`: KVC_* settings of the Conductor beyond the secrets, which are generated. With
+    `hosts`, the Conductor runs on the first and the agents on the others in turn (on the
+    first too when it is the only one), each bound to its host's address; else all on
+    loopback. Stops what it started and raises ChildFailed if a child dies or does not get
+    ready."""
     api_key = secrets.token_urlsafe(SECRET_BYTES)
     admin_token = secrets.token_urlsafe(SECRET_BYTES)
     data_dir, logs = work_dir / "data", work_dir / "logs"
@@ -344,16 +363,21 @@ def start_local_stack(
         "KVC_BLOCK_SIZE": str(block_size),
         **(env or {}),
     }
+    # A port free here is free in a fresh namespace too (nothing else listens there).
     port, grpc_port = free_port("127.0.0.1"), free_port("127.0.0.1")
-    base_url = f"http://127.0.0.1:{port}"
+    address = hosts[0].address if hosts else "127.0.0.1"
+    agent_hosts = list(hosts[1:] or hosts)
+    base_url = f"http://{address}:{port}"
     stack = LocalStack(
-        [], base_url, f"127.0.0.1:{grpc_port}", api_key, admin_token, full_env, logs, data_dir
+        [], base_url, f"{address}:{grpc_port}", api_key, admin_token, full_env, logs, data_dir
     )
     try:
         conductor_args = [
-            KVCENTRIC, "conductor", "--host", "127.0.0.1", "--port", str(port),
-            "--grpc-host", "127.0.0.1", "--grpc-port", str(grpc_port), "--profile", profile,
+            KVCENTRIC, "conductor", "--host", address, "--port", str(port),
+            "--grpc-host", address, "--grpc-port", str(grpc_port), "--profile", profile,
         ]  # fmt: skip
+        if hosts:
+            conductor_args = hosts[0].command(conductor_args)
         stack.children.append(
             Child("conductor", conductor_args, full_env, logs / "conductor.log", stdout_pipe=False)
         )
@@ -361,7 +385,7 @@ def start_local_stack(
             "the conductor's /healthz", lambda: get_json(f"{base_url}/healthz"), stack.children
         )
         roles = agent_names(num_prefill, num_decode)
-        for role, name in roles:
+        for index, (role, name) in enumerate(roles):
             stack.children.append(
                 agent_child(
                     role,
@@ -371,6 +395,7 @@ def start_local_stack(
                     env=full_env,
                     logs=logs,
                     torch_threads=shared_host_threads(len(roles)),
+                    host=agent_hosts[index % len(agent_hosts)] if agent_hosts else None,
                 )
             )
 

@@ -1,0 +1,122 @@
+"""Beyond loopback: the Conductor and its agents each in a network namespace of their own,
+joined by veth pairs and a bridge (backend/bench/netns.py), every process bound to its
+namespace's address. gRPC, the KV hand-off and fetches between prefill agents cross real
+links; `tc netem` adds delay and loss. Bounded: one short replay per test."""
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from backend.bench.netns import VirtualHosts, missing_reason, netem_missing_reason
+from backend.cli.children import KVCENTRIC, get_json, start_local_stack
+from backend.traces import SHIPPED_TRACE
+
+pytestmark = pytest.mark.skipif(missing_reason() is not None, reason=str(missing_reason()))
+SETTLE_S = 20.0
+
+
+def _tag() -> str:
+    return f"t{os.getpid() % 10000}"
+
+
+def _replay(stack, out: Path, minutes: str, speed: str) -> list[dict]:
+    """`kvcentric replay` from this (the root) namespace, through the bridge."""
+    args = [
+        KVCENTRIC, "replay", "--url", stack.base_url, "--trace", str(SHIPPED_TRACE),
+        "--minutes", minutes, "--length-scale", "0.03125", "--speed", speed,
+        "--out", str(out),
+    ]  # fmt: skip
+    result = subprocess.run(
+        args, env=stack.env, capture_output=True, text=True, timeout=240, check=False
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    return [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
+
+
+def _settled_report(stack, num_sent: int) -> dict:
+    """/v1/report once every request the replay sent has a terminal state."""
+    deadline = time.monotonic() + SETTLE_S
+    while True:
+        report = get_json(f"{stack.base_url}/v1/report", stack.api_key)
+        assert isinstance(report, dict)
+        ended = sum(
+            report.get(key) or 0
+            for key in ("num_completed", "num_rejected", "num_failed", "num_cancelled")
+        )
+        if ended >= num_sent or time.monotonic() > deadline:
+            return report
+        time.sleep(0.5)
+
+
+def test_a_replay_across_namespaces_ends_every_request_and_fetches_between_agents(
+    tmp_path,
+) -> None:
+    with VirtualHosts(4, tag=_tag()) as net:
+        stack = start_local_stack(
+            tmp_path,
+            num_prefill=2,
+            num_decode=1,
+            block_size=16,
+            profile="tiny-cpu",
+            env={"KVC_KVCACHE_BALANCING_THRESHOLD": "1"},  # fetch any longer prefix
+            hosts=net.hosts,
+        )
+        try:
+            agents = get_json(f"{stack.base_url}/v1/agents", stack.api_key)
+            assert isinstance(agents, list) and len(agents) == 3
+            addresses = {h.address for h in net.hosts[1:]}
+            for agent in agents:  # each bound to its own namespace's address, not loopback
+                assert agent["rpc_address"].rpartition(":")[0] in addresses, agent
+                assert agent["data_address"].rpartition(":")[0] in addresses, agent
+            results = _replay(stack, tmp_path / "replay.jsonl", "0:1.5", "4")
+            report = _settled_report(stack, len(results))
+        finally:
+            stack.stop()
+    assert results and report["num_requests"] == len(results)
+    ended = sum(
+        report[k] or 0 for k in ("num_completed", "num_rejected", "num_failed", "num_cancelled")
+    )
+    assert ended == len(results)  # every request one terminal state
+    assert report["num_completed"] > 0
+    assert report["num_transferred_tokens"] > 0  # KV fetched from the other prefill agent
+
+
+def _run_shaped(tmp_path: Path, shape) -> tuple[list[dict], dict]:
+    """1P+1D, each in its namespace, the decode agent's link shaped by `shape(net, host)`."""
+    with VirtualHosts(3, tag=_tag()) as net:
+        stack = start_local_stack(
+            tmp_path, num_prefill=1, num_decode=1, block_size=16, profile="tiny-cpu",
+            hosts=net.hosts,
+        )  # fmt: skip
+        try:
+            shape(net, net.hosts[2])
+            results = _replay(stack, tmp_path / "replay.jsonl", "0:0.25", "2")
+            return results, _settled_report(stack, len(results))
+        finally:
+            stack.stop()
+
+
+def _assert_none_lost(results: list[dict], report: dict) -> None:
+    ended = sum(
+        report[k] or 0 for k in ("num_completed", "num_rejected", "num_failed", "num_cancelled")
+    )
+    assert results and ended == len(results) == report["num_requests"]
+    assert report["num_completed"] > 0
+
+
+def test_a_slow_decode_link_loses_no_request(tmp_path) -> None:
+    """The KV hand-off and every streamed token cross a 20 Mbit/s link."""
+    results, report = _run_shaped(tmp_path, lambda net, host: net.limit_rate(host, 20))
+    _assert_none_lost(results, report)
+
+
+@pytest.mark.skipif(netem_missing_reason() is not None, reason=str(netem_missing_reason()))
+def test_delay_and_loss_on_the_decode_link_lose_no_request(tmp_path) -> None:
+    results, report = _run_shaped(
+        tmp_path, lambda net, host: net.netem(host, delay_ms=20, loss_percent=2)
+    )
+    _assert_none_lost(results, report)
