@@ -188,14 +188,20 @@ def _overload_section(table: list[dict], link: str) -> list[str]:
     ]
 
 
+# What each rejection policy cost: the columns (b') and (f) share.
+REJECTION_COLUMNS = (
+    ("policy", "rejection", None),
+    ("rejected", "num_rejected", None),
+    ("at admission", "num_rejected_admission", None),
+    ("at decode", "num_rejected_decode", None),
+    ("wasted prefill s", "wasted_prefill_s", 1),
+    ("goodput req/s", "goodput_rps", 3),
+)
+
+
 def _decode_bound_section(table: list[dict], link: str) -> list[str]:
     columns = [
-        ("policy", "rejection", None),
-        ("rejected", "num_rejected", None),
-        ("at admission", "num_rejected_admission", None),
-        ("at decode", "num_rejected_decode", None),
-        ("wasted prefill s", "wasted_prefill_s", 1),
-        ("goodput req/s", "goodput_rps", 3),
+        *REJECTION_COLUMNS,
         ("P90 TTFT s", "ttft_p90_s", 2),
         ("P90 TBT s", "tbt_p90_s", 3),
         ("prefill load amplitude", "prefill_load_amplitude", 3),
@@ -297,12 +303,7 @@ def _policies_section(table: list[dict], link: str) -> list[str]:
     columns = [
         ("P:D", "split", None),
         ("speed", "speed", 1),
-        ("policy", "rejection", None),
-        ("rejected", "num_rejected", None),
-        ("at admission", "num_rejected_admission", None),
-        ("at decode", "num_rejected_decode", None),
-        ("wasted prefill s", "wasted_prefill_s", 1),
-        ("goodput req/s", "goodput_rps", 3),
+        *REJECTION_COLUMNS,
         ("SLO attainment", "slo_attainment", 3),
         ("decode load amplitude", "decode_load_amplitude", 3),
         ("decode load period s", "decode_load_period_s", 0),
