@@ -252,6 +252,16 @@ class TwinCluster(EffectHandler):
                 [PrefillSample(self.env.now, job.input_tokens, reused, job.compute_s)]
             )
             self._refit_if_due()
+        if job.fetched_bytes and job.source is not None:  # as live measures each fetch
+            self._feed(
+                ev.TransferMeasured(
+                    self.env.now,
+                    job.source.instance_id,
+                    record.prefill_instance,
+                    job.fetched_bytes,
+                    job.fetch_s,
+                )
+            )
         self._carry_out(
             self._feed(ev.PrefillFinished(self.env.now, job.request_id, record.prefill_instance))
         )

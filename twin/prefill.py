@@ -28,6 +28,8 @@ class PrefillJob:
     plan: CachePlan
     source: "PrefillInstance | None" = None
     compute_s: float = 0.0  # filled in when it runs
+    fetched_bytes: int = 0  # filled in when its fetch ends
+    fetch_s: float = 0.0  # the fetch on the link, without waiting for its turn
 
 
 class PrefillInstance:
@@ -69,11 +71,14 @@ class PrefillInstance:
             job.source.shard.pin(fetch.keys)
         self.env.process(self._run(job))
 
-    def send(self, num_bytes: int) -> Generator[Any, Any, None]:
-        """Occupy this instance's outgoing link for one transfer (queued FIFO)."""
+    def send(self, num_bytes: int) -> Generator[Any, Any, float]:
+        """Occupy this instance's outgoing link for one transfer (queued FIFO); returns the
+        seconds on the link, its turn not counted."""
         with self.link.request() as turn:
             yield turn
-            yield self.env.timeout(self.timing.transfer_s(num_bytes))
+            seconds = self.timing.transfer_s(num_bytes)
+            yield self.env.timeout(seconds)
+        return seconds
 
     def _run(self, job: PrefillJob) -> Generator[Any, Any, None]:
         env = self.env
@@ -110,7 +115,8 @@ class PrefillInstance:
         source = job.source
         assert fetch is not None and source is not None
         num_bytes = len(fetch.keys) * self.block_size * self.timing.kv_bytes_per_token
-        yield from source.send(num_bytes)
+        job.fetch_s = yield from source.send(num_bytes)
+        job.fetched_bytes = num_bytes
         source.shard.unpin(fetch.keys)
 
     def _duration_s(self, job: PrefillJob, *, num_stages: int) -> float:

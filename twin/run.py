@@ -112,6 +112,9 @@ def simulate(
             # refits (the same online calibration as live).
             "policy_cost_model_end": cluster.core.cost.to_profile(),
             "num_refits": cluster.calibrator.num_refits if cluster.calibrator else 0,
+            # The KV link bandwidth of each pair as the policy came to believe it from the
+            # twin's fetches (backend.policy.links), as live does from the agents'.
+            "links": cluster.core.links.snapshot(),
             "timing": timing.name,
         },
     )

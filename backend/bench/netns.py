@@ -133,6 +133,19 @@ class VirtualHosts:
         options = ["rate", f"{rate_mbit}mbit", "burst", "64kb", "latency", "500ms"]
         self._qdisc(host, "tbf", options)
 
+    def limit_rate_to(self, host: VirtualHost, destination: VirtualHost, rate_mbit: float) -> None:
+        """Cap what `host` sends to `destination` at `rate_mbit`; its other traffic and the
+        way back keep full speed (`tc htb` classes, a `u32` match on the destination)."""
+        inside = ["tc", "qdisc", "replace", "dev", host.link, "root", "handle", "1:", "htb"]
+        _run(host.command([*inside, "default", "20", "r2q", "1000"]))
+        classes = (("1:10", f"{rate_mbit}mbit"), ("1:20", "40gbit"))
+        for class_id, rate in classes:
+            tc_class = ["tc", "class", "replace", "dev", host.link, "parent", "1:"]
+            _run(host.command([*tc_class, "classid", class_id, "htb", "rate", rate]))
+        match = ["match", "ip", "dst", f"{destination.address}/32", "flowid", "1:10"]
+        tc_filter = ["tc", "filter", "add", "dev", host.link, "parent", "1:", "protocol", "ip"]
+        _run(host.command([*tc_filter, "u32", *match]))
+
     def netem(self, host: VirtualHost, *, delay_ms: float = 0.0, loss_percent: float = 0.0) -> None:
         """Delay and drop packets on `host`'s link, each way (`tc netem`)."""
         options = ["delay", f"{delay_ms}ms"]

@@ -152,6 +152,12 @@ class ConductorMetrics:
             "(prefill, decode).", ["kind"], registry=r,
         )  # fmt: skip
 
+        self.link_bandwidth = Gauge(
+            f"{_PREFIX}_link_bandwidth_bytes_per_second",
+            "KV bandwidth the policy believes from a source instance to a prefill instance, "
+            "measured from their fetches.", ["source", "destination"], registry=r,
+        )  # fmt: skip
+
     # -- requests ------------------------------------------------------------------------
     def record_submitted(self, endpoint: str) -> None:
         self.requests_submitted.labels(endpoint).inc()
@@ -229,6 +235,15 @@ class ConductorMetrics:
         for kind, error in (("prefill", prefill_error), ("decode", decode_error)):
             if error is not None:
                 self.calibration_error.labels(kind).set(error)
+
+    def set_links(self, rows: list[dict[str, object]]) -> None:
+        """The measured pairs now (backend.policy.links snapshot); pairs gone are dropped,
+        pairs measured faster than the latency leaves room for are not shown."""
+        self.link_bandwidth.clear()
+        for row in rows:
+            bandwidth = row["bandwidth_bytes_per_s"]
+            if isinstance(bandwidth, float):
+                self.link_bandwidth.labels(row["source"], row["destination"]).set(bandwidth)
 
     def remove_instance(self, instance_id: str) -> None:
         """Forget an instance that left, so its last load is not reported forever."""

@@ -42,6 +42,7 @@ from backend.policy.events import (
     RequestFailed,
     RequestRetried,
     Tick,
+    TransferMeasured,
 )
 from backend.policy.index import PrefixIndex, Tier
 
@@ -81,6 +82,7 @@ __all__ = [
     "RequestRetried",
     "Tick",
     "Tier",
+    "TransferMeasured",
     "block_keys",
     "num_full_blocks",
 ]

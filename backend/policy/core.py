@@ -36,6 +36,7 @@ from backend.policy.effects import (
     Replicate,
 )
 from backend.policy.index import PrefixIndex
+from backend.policy.links import LinkEstimates
 from backend.policy.replicas import plan_replica_cap
 from backend.policy.routing import PrefillCandidate, route_prefill
 
@@ -64,6 +65,7 @@ class ConductorCore:
         self.cost = cost
         self.max_replicas = max_replicas
         self.index = PrefixIndex()
+        self.links = LinkEstimates()
         self.prefill: dict[str, PrefillState] = {}
         self.decode: dict[str, DecodeState] = {}
         self._requests: dict[str, _Admitted] = {}
@@ -89,6 +91,7 @@ class ConductorCore:
             ev.AgentJoined: self.on_agent_joined,
             ev.AgentDraining: self.on_agent_draining,
             ev.AgentLeft: self.on_agent_left,
+            ev.TransferMeasured: self.on_transfer_measured,
             ev.Tick: self.on_tick,
         }
 
@@ -198,6 +201,7 @@ class ConductorCore:
             threshold=config.effective_threshold,
             cost=self.cost,
             rng=self._rng,
+            links=self.links,
         )
         chosen = choice.chosen
         tbt_slo_s = event.tbt_slo_s or config.tbt_slo_s
@@ -421,9 +425,21 @@ class ConductorCore:
         """Take the instance out; re-route requests it had not started, fail those it had."""
         return self._take_out(event, keep_blocks=False)
 
+    def on_transfer_measured(self, event: ev.TransferMeasured) -> tuple[Effect, ...]:
+        """Believe the pair's link as fast as its fetches were (backend.policy.links)."""
+        self.links.observe(
+            event.source_instance_id,
+            event.destination_instance_id,
+            event.num_bytes,
+            event.seconds,
+            self.cost.link.latency_s,
+        )
+        return NO_EFFECTS
+
     def _take_out(self, event: ev.AgentLeft, *, keep_blocks: bool) -> tuple[Effect, ...]:
         if not keep_blocks:
             self.index.drop_instance(event.instance_id)
+        self.links.forget(event.instance_id)
         prefill_state = self.prefill.pop(event.instance_id, None)
         decode_state = self.decode.pop(event.instance_id, None)
         failure = f"instance {event.instance_id} lost: {event.reason}"

@@ -11,6 +11,8 @@ points of the real worker):
                                  (weights are read once per step; attention reads every
                                  context token's KV).
     transfer_s(tokens, backlog)= latency_s + tokens * kv_bytes_per_token / bandwidth + backlog_s
+                                 (bandwidth: the pair's measured one where known,
+                                 backend.policy.links)
     serving path               = dispatch_s (arrival to the prefill agent's answer, beyond its
                                  own work) + first_token_s (prefill's answer to the first token
                                  leaving the Conductor) + per_token_s (each streamed gap beyond
@@ -118,10 +120,16 @@ class CostModel:
     def decode_step_time_s(self, batch_size: int, context_tokens: int) -> float:
         return self.decode.step_s(batch_size, context_tokens)
 
-    def transfer_time_s(self, num_tokens: int, backlog_s: float = 0.0) -> float:
+    def transfer_time_s(
+        self, num_tokens: int, backlog_s: float = 0.0, seconds_per_byte: float | None = None
+    ) -> float:
+        """Latency, bytes over the link and the backlog ahead; `seconds_per_byte` is a
+        measured pair's (backend.policy.links), else the profile's bandwidth is used."""
         if num_tokens <= 0:
             return 0.0
-        seconds = num_tokens * self.kv_bytes_per_token / self.link.bandwidth_bytes_per_s
+        if seconds_per_byte is None:
+            seconds_per_byte = 1.0 / self.link.bandwidth_bytes_per_s
+        seconds = num_tokens * self.kv_bytes_per_token * seconds_per_byte
         return self.link.latency_s + seconds + backlog_s
 
     # -- profiles -------------------------------------------------------------------------

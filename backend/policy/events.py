@@ -174,6 +174,18 @@ class AgentLeft:
 
 
 @dataclass(frozen=True, slots=True)
+class TransferMeasured:
+    """A fetch of KV blocks ended: `num_bytes` from `source_instance_id`'s shard reached
+    `destination_instance_id` in `seconds` (the fetch alone, measured where it ran)."""
+
+    now_s: float
+    source_instance_id: str
+    destination_instance_id: str
+    num_bytes: int
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
 class Tick:
     """Time passed with nothing else happening."""
 
@@ -198,5 +210,6 @@ Event = (
     | AgentJoined
     | AgentDraining
     | AgentLeft
+    | TransferMeasured
     | Tick
 )

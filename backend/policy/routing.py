@@ -3,6 +3,8 @@
 For every prefill instance p Algorithm 1 estimates
     TTFT[p] = T_queue[p] + T_prefill(input, prefix[p])                       (local branch)
     TTFT[p] = T_queue[p] + T_transfer(best -> p) + T_prefill(input, best)    (transfer branch)
+with T_transfer over the measured link from the holder to p where one was measured
+(backend.policy.links),
 where p takes the transfer branch iff best > prefix[p], the threshold is finite and
 best >= threshold * prefix[p]; the lowest TTFT wins. `cache-aware` is the same at
 threshold inf, `load-balancing` picks the shortest queue, `random` picks uniformly (seeded).
@@ -16,6 +18,7 @@ from typing import NamedTuple
 
 from backend.policy.cost_model import CostModel
 from backend.policy.effects import CachePlan, FetchSpan, InstanceEstimate
+from backend.policy.links import LinkEstimates
 
 
 class PrefillCandidate(NamedTuple):
@@ -53,33 +56,35 @@ def estimate_ttfts(
     block_size: int,
     threshold: float,
     cost: CostModel,
-) -> tuple[list[InstanceEstimate], str | None]:
-    """Algorithm 1's per-instance TTFT estimates, and the holder a transfer would use.
+    links: LinkEstimates | None = None,
+) -> tuple[list[InstanceEstimate], dict[str, str]]:
+    """Algorithm 1's per-instance TTFT estimates, and for each instance that would fetch,
+    the holder it would fetch from.
 
-    The source is the least backlogged instance holding the best prefix (first on ties).
+    The holder is the one of the best prefix whose transfer to that instance ends first:
+    its outgoing backlog plus the bytes over the pair's measured link (`links`; the
+    profile's bandwidth where a pair was never measured). First holder on ties.
     """
     best_blocks = max((prefix_blocks[c.instance_id] for c in candidates), default=0)
-    source: PrefillCandidate | None = None
-    if best_blocks > 0:
-        for candidate in candidates:
-            if prefix_blocks[candidate.instance_id] == best_blocks and (
-                source is None or candidate.link_backlog_s < source.link_backlog_s
-            ):
-                source = candidate
+    holders = [
+        c for c in candidates if best_blocks > 0 and prefix_blocks[c.instance_id] == best_blocks
+    ]
     estimates = []
+    sources: dict[str, str] = {}
     # Most instances share a prefix length (often 0): compute each prefill time once.
     prefill_s_by_blocks: dict[int, float] = {}
     for candidate in candidates:
         local_blocks = prefix_blocks[candidate.instance_id]
-        fetches = source is not None and uses_transfer(local_blocks, best_blocks, threshold)
+        fetches = bool(holders) and uses_transfer(local_blocks, best_blocks, threshold)
+        transfer_s = 0.0
+        reused_blocks = local_blocks
         if fetches:
-            transfer_s = cost.transfer_time_s(
-                (best_blocks - local_blocks) * block_size, source.link_backlog_s
+            num_tokens = (best_blocks - local_blocks) * block_size
+            source_id, transfer_s = _first_transfer(
+                holders, candidate.instance_id, num_tokens, cost, links
             )
+            sources[candidate.instance_id] = source_id
             reused_blocks = best_blocks
-        else:
-            transfer_s = 0.0
-            reused_blocks = local_blocks
         prefill_s = prefill_s_by_blocks.get(reused_blocks)
         if prefill_s is None:
             prefill_s = cost.prefill_time_s(num_input_tokens, reused_blocks * block_size)
@@ -95,7 +100,28 @@ def estimate_ttfts(
                 uses_transfer=fetches,
             )
         )
-    return estimates, source.instance_id if source is not None else None
+    return estimates, sources
+
+
+def _first_transfer(
+    holders: Sequence[PrefillCandidate],
+    destination: str,
+    num_tokens: int,
+    cost: CostModel,
+    links: LinkEstimates | None,
+) -> tuple[str, float]:
+    """The holder whose transfer of `num_tokens` to `destination` ends first, and its time."""
+    best: tuple[str, float] | None = None
+    for holder in holders:
+        seconds_per_byte = (
+            links.seconds_per_byte(holder.instance_id, destination) if links is not None else None
+        )
+        seconds = cost.transfer_time_s(num_tokens, holder.link_backlog_s, seconds_per_byte)
+        if best is None or seconds < best[1]:
+            best = (holder.instance_id, seconds)
+    if best is None:
+        raise ValueError("a transfer needs at least one holder of the prefix")
+    return best
 
 
 def route_prefill(
@@ -109,6 +135,7 @@ def route_prefill(
     threshold: float,
     cost: CostModel,
     rng: random.Random,
+    links: LinkEstimates | None = None,
 ) -> RoutingChoice:
     """Choose the prefill instance for one request; `candidates` must not be empty.
 
@@ -116,13 +143,14 @@ def route_prefill(
     """
     if scheduler not in ("kvcache-centric", "cache-aware"):
         threshold = math.inf  # the baselines never fetch
-    estimates, source_id = estimate_ttfts(
+    estimates, sources = estimate_ttfts(
         candidates,
         prefix_blocks,
         num_input_tokens=num_input_tokens,
         block_size=block_size,
         threshold=threshold,
         cost=cost,
+        links=links,
     )
     if scheduler == "random":
         chosen = estimates[rng.randrange(len(estimates))]
@@ -131,6 +159,7 @@ def route_prefill(
     else:
         chosen = min(estimates, key=lambda e: (e.ttft_s, -e.prefix_blocks))
     local_keys = tuple(block_keys[: chosen.prefix_blocks])
+    source_id = sources.get(chosen.instance_id)
     if chosen.uses_transfer and source_id is not None:
         best_blocks = prefix_blocks[source_id]
         fetch = FetchSpan(source_id, tuple(block_keys[chosen.prefix_blocks : best_blocks]))

@@ -273,7 +273,9 @@ class ConductorRuntime(EffectHandler):
             seen = {instance_id: info.last_seen_s for instance_id, info in self._agents.items()}
             roles = {instance_id: info.join.role for instance_id, info in self._agents.items()}
             ttft_slo_s, tbt_slo_s = self.config.ttft_slo_s, self.config.tbt_slo_s
+            links = self.core.links.snapshot()
         if self.metrics is not None:
+            self.metrics.set_links(links)
             loads = {
                 (s.instance_id, roles[s.instance_id]): (
                     s.prefill_load_s / ttft_slo_s if s.prefill_load_s is not None else s.decode_load
@@ -883,6 +885,7 @@ class ConductorRuntime(EffectHandler):
                 after = self._apply(self._leave_line(prefill_id, stream.request_id))
                 effects = ()
             else:
+                self._measured_fetch(effect, reply)
                 effects = self.core.handle(
                     ev.PrefillFinished(self._clock(), stream.request_id, prefill_id)
                 )
@@ -892,6 +895,23 @@ class ConductorRuntime(EffectHandler):
         for decode in effects:
             if isinstance(decode, DispatchDecode) and decode.request_id == stream.request_id:
                 self._run_decode(stream, decode, reply.first_token)
+
+    def _measured_fetch(self, effect: DispatchPrefill, reply: pb.DispatchPrefillReply) -> None:
+        """Tell the core how fast the fetch the plan asked for went (under the lock): its
+        per-link bandwidth estimates steer later transfers (backend.policy.links)."""
+        fetch = effect.plan.fetch
+        if fetch is None or reply.num_fetched_tokens <= 0:
+            return
+        num_bytes = reply.num_fetched_tokens * self.core.cost.kv_bytes_per_token
+        self.core.handle(
+            ev.TransferMeasured(
+                self._clock(),
+                fetch.source_instance_id,
+                effect.instance_id,
+                num_bytes,
+                reply.timings.fetch_s,
+            )
+        )
 
     def _waiting_on(self, stream: RequestStream, call: object) -> None:
         """Let a cancel reach the agent call `stream` now waits on (cancelled at once if the

@@ -10,6 +10,7 @@ both and checks (tests/deploy/test_grafana.py). Import the JSON into Grafana (Da
 Import) and pick the Prometheus data source that scrapes them.
 """
 
+import argparse
 import json
 import sys
 from dataclasses import dataclass, field
@@ -212,6 +213,19 @@ OVERVIEW = Dashboard(
                         ("kvcentric_calibration_refits", "refits"),
                     ),
                 ),
+                Panel(
+                    "KV link bandwidth",
+                    "Bandwidth the policy believes from each source instance to each prefill "
+                    "instance, measured from their fetches; the transfer branch of routing "
+                    "uses it, so a slow link is fetched from less.",
+                    (
+                        (
+                            "kvcentric_link_bandwidth_bytes_per_second",
+                            "{{source}} -> {{destination}}",
+                        ),
+                    ),
+                    unit="Bps",
+                ),
             ),
         ),
     ),
@@ -388,8 +402,17 @@ def rendered() -> dict[Path, str]:
 
 
 def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python deploy/grafana/build.py",
+        description="Write the Grafana dashboards (deploy/grafana/*.json) from their "
+        "definitions in this file.",
+    )
+    parser.add_argument(
+        "--check", action="store_true", help="write nothing; fail if a JSON file is out of date"
+    )
+    args = parser.parse_args(argv)
     stale = [path for path, text in rendered().items() if not _same(path, text)]
-    if "--check" in argv:
+    if args.check:
         for path in stale:
             print(f"{path} is out of date: run python deploy/grafana/build.py", file=sys.stderr)
         return 1 if stale else 0

@@ -190,6 +190,9 @@ def test_recorded_traffic_exports_as_a_trace_and_counts_in_stats(served, tmp_pat
     assert sum(stats["rejections_by_stage"].values()) == 2
     assert stats["ttft_s"] == {"p50": None, "p90": None, "p99": None}
     assert httpx.get(f"{served.url}/v1/agents", headers=KEY).json() == []
+    links = httpx.get(f"{served.url}/v1/links", headers=KEY).json()
+    assert links["measured"] == [] and links["profile_bandwidth_bytes_per_s"] > 0
+    assert httpx.get(f"{served.url}/v1/links").status_code == 401
 
 
 def test_export_refuses_an_empty_window_and_anonymous_callers(served):

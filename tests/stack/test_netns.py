@@ -85,6 +85,40 @@ def test_a_replay_across_namespaces_ends_every_request_and_fetches_between_agent
     assert report["num_transferred_tokens"] > 0  # KV fetched from the other prefill agent
 
 
+def test_the_conductor_believes_each_link_as_fast_as_its_fetches(tmp_path) -> None:
+    """One direction of one link crawls (prefill 1 -> prefill 2 at 8 Mbit/s, everything else
+    at full speed): the Conductor measures each pair from its fetches and believes that pair
+    slow (GET /v1/links, which routing's transfer branch uses: tests/policy/test_links.py
+    shows a slow pair fetched from less)."""
+    with VirtualHosts(4, tag=_tag()) as net:
+        stack = start_local_stack(
+            tmp_path,
+            num_prefill=2,
+            num_decode=1,
+            block_size=16,
+            profile="tiny-cpu",
+            env={"KVC_KVCACHE_BALANCING_THRESHOLD": "1"},  # fetch any longer prefix
+            hosts=net.hosts,
+        )
+        try:
+            agents = get_json(f"{stack.base_url}/v1/agents", stack.api_key)
+            assert isinstance(agents, list)
+            by_address = {a["data_address"].rpartition(":")[0]: a for a in agents}
+            slow, fast = (by_address[h.address]["instance_id"] for h in net.hosts[1:3])
+            assert {by_address[h.address]["role"] for h in net.hosts[1:3]} == {"prefill"}
+            net.limit_rate_to(net.hosts[1], net.hosts[2], 8)
+            results = _replay(stack, tmp_path / "replay.jsonl", "0:1.5", "4")
+            report = _settled_report(stack, len(results))
+            links = get_json(f"{stack.base_url}/v1/links", stack.api_key)
+        finally:
+            stack.stop()
+    _assert_none_lost(results, report)
+    assert isinstance(links, dict) and links["profile_bandwidth_bytes_per_s"] > 1e9
+    pairs = {(r["source"], r["destination"]): r for r in links["measured"]}
+    behind = pairs[(slow, fast)]  # fetched from at least once (its prefix was hot) ...
+    assert 0.25e6 < behind["bandwidth_bytes_per_s"] < 2.5e6  # ... and 8 Mbit/s is 1 MB/s
+
+
 def _run_shaped(tmp_path: Path, shape) -> tuple[list[dict], dict]:
     """1P+1D, each in its namespace, the decode agent's link shaped by `shape(net, host)`."""
     with VirtualHosts(3, tag=_tag()) as net:

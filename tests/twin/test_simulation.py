@@ -80,6 +80,20 @@ def test_report_matches_the_stored_expected_report(first_minutes) -> None:
     assert actual == expected
 
 
+def test_the_policy_learns_the_twins_links_from_its_fetches(first_minutes) -> None:
+    """As live learns each pair from the agents' fetches (backend.policy.links), the twin's
+    policy learns them from the twin's: here every link is the profile's, and so is the
+    belief."""
+    config = SMALL.with_changes(threshold=1.0)
+    report = simulate(config, first_minutes)
+    assert report["num_transferred_tokens"] > 0
+    links = report["links"]
+    assert links and all(row["num_measurements"] >= 1 for row in links)
+    profile = report["policy_cost_model"]["link"]["bandwidth_bytes_per_s"]
+    for row in links:
+        assert row["bandwidth_bytes_per_s"] == pytest.approx(profile, rel=1e-6)
+
+
 def test_the_twin_runs_the_real_policy_code(first_minutes, monkeypatch) -> None:
     baseline = simulate(SMALL, first_minutes)
     calls = []

@@ -135,6 +135,37 @@ def agent_view(runtime: ConductorRuntime, instance_id: str, agent: AgentInfo) ->
     )
 
 
+class LinkView(BaseModel):
+    source: str = Field(description="The instance whose shard the KV came from")
+    destination: str = Field(description="The prefill instance that fetched it")
+    bandwidth_bytes_per_s: float | None = Field(
+        description="Believed bandwidth from its fetches (None: no time beyond the latency)"
+    )
+    num_measurements: int = Field(description="Fetches the estimate rests on")
+
+
+class LinksView(BaseModel):
+    profile_bandwidth_bytes_per_s: float = Field(
+        description="The cost model's bandwidth, used for every pair not measured yet"
+    )
+    latency_s: float = Field(description="The cost model's fixed latency of a transfer")
+    measured: list[LinkView]
+
+
+@router.get("/links", summary="The KV bandwidth the policy believes between prefill instances")
+def read_links(principal: ApiKey, runtime: RuntimeDep) -> LinksView:
+    """Each (source, destination) pair's bandwidth measured from its fetches, which Algorithm
+    1's transfer branch uses (a slow link makes the Conductor fetch less from behind it)."""
+    with runtime.locked():
+        link = runtime.core.cost.link
+        rows = runtime.core.links.snapshot()
+    return LinksView(
+        profile_bandwidth_bytes_per_s=link.bandwidth_bytes_per_s,
+        latency_s=link.latency_s,
+        measured=[LinkView.model_validate(row) for row in rows],
+    )
+
+
 @router.get(
     "/stats",
     summary="Outcomes, rejections by reason and stage, TTFT percentiles of the last window_s",
