@@ -12,6 +12,7 @@ Needs root, `ip` and `tc` (iproute2); `missing_reason()` says why not, for tests
 Everything is removed on exit, and leftovers of a killed run (same prefix) at the next start.
 """
 
+import json
 import os
 import shutil
 import subprocess
@@ -133,6 +134,22 @@ class VirtualHosts:
         options = ["rate", f"{rate_mbit}mbit", "burst", "64kb", "latency", "500ms"]
         self._qdisc(host, "tbf", options)
 
+    def drop_overflow(self, host: VirtualHost, rate_mbit: float, queue_ms: float) -> None:
+        """A lossy link: `host`'s link carries `rate_mbit` each way and drops the packets that
+        would wait longer than `queue_ms` (`tc tbf` with a short queue; without netem's
+        random loss this is the loss a congested link shows, bursts cut off)."""
+        options = ["rate", f"{rate_mbit}mbit", "burst", "16kb", "latency", f"{queue_ms}ms"]
+        self._qdisc(host, "tbf", options)
+
+    def dropped_packets(self, host: VirtualHost) -> int:
+        """Packets the queueing disciplines of `host`'s link dropped, both ends."""
+        show = ["tc", "-s", "-j", "qdisc", "show", "dev"]
+        outputs = [
+            _output([*show, host.host_link]),
+            _output(host.command([*show, host.link])),
+        ]
+        return sum(int(q.get("drops", 0)) for text in outputs for q in json.loads(text or "[]"))
+
     def limit_rate_to(self, host: VirtualHost, destination: VirtualHost, rate_mbit: float) -> None:
         """Cap what `host` sends to `destination` at `rate_mbit`; its other traffic and the
         way back keep full speed (`tc htb` classes, a `u32` match on the destination)."""
@@ -175,7 +192,12 @@ def _ip(*args: str) -> None:
     _run(["ip", *args])
 
 
-def _run(args: list[str]) -> None:
+def _output(args: list[str]) -> str:
     result = subprocess.run(args, capture_output=True, text=True, check=False, timeout=30)
     if result.returncode != 0:
         raise RuntimeError(f"`{' '.join(args)}` failed: {result.stderr.strip()}")
+    return result.stdout
+
+
+def _run(args: list[str]) -> None:
+    _output(args)

@@ -119,8 +119,9 @@ def test_the_conductor_believes_each_link_as_fast_as_its_fetches(tmp_path) -> No
     assert 0.25e6 < behind["bandwidth_bytes_per_s"] < 2.5e6  # ... and 8 Mbit/s is 1 MB/s
 
 
-def _run_shaped(tmp_path: Path, shape) -> tuple[list[dict], dict]:
-    """1P+1D, each in its namespace, the decode agent's link shaped by `shape(net, host)`."""
+def _run_shaped(tmp_path: Path, shape) -> tuple[list[dict], dict, int]:
+    """1P+1D, each in its namespace, the decode agent's link shaped by `shape(net, host)`:
+    the replay's outcomes, the report, and the packets the link dropped."""
     with VirtualHosts(3, tag=_tag()) as net:
         stack = start_local_stack(
             tmp_path, num_prefill=1, num_decode=1, block_size=16, profile="tiny-cpu",
@@ -129,7 +130,7 @@ def _run_shaped(tmp_path: Path, shape) -> tuple[list[dict], dict]:
         try:
             shape(net, net.hosts[2])
             results = _replay(stack, tmp_path / "replay.jsonl", "0:0.25", "2")
-            return results, _settled_report(stack, len(results))
+            return results, _settled_report(stack, len(results)), net.dropped_packets(net.hosts[2])
         finally:
             stack.stop()
 
@@ -144,13 +145,24 @@ def _assert_none_lost(results: list[dict], report: dict) -> None:
 
 def test_a_slow_decode_link_loses_no_request(tmp_path) -> None:
     """The KV hand-off and every streamed token cross a 20 Mbit/s link."""
-    results, report = _run_shaped(tmp_path, lambda net, host: net.limit_rate(host, 20))
+    results, report, _ = _run_shaped(tmp_path, lambda net, host: net.limit_rate(host, 20))
+    _assert_none_lost(results, report)
+
+
+def test_a_decode_link_that_drops_packets_loses_no_request(tmp_path) -> None:
+    """Packet loss without netem: a 4 Mbit/s link with a 5 ms queue drops what overflows it
+    (every KV hand-off is a burst), so TCP retransmits and calls wait on their timeouts;
+    every request still ends in one recorded state."""
+    results, report, dropped = _run_shaped(
+        tmp_path, lambda net, host: net.drop_overflow(host, 4, queue_ms=5)
+    )
+    assert dropped > 0  # the link did lose packets
     _assert_none_lost(results, report)
 
 
 @pytest.mark.skipif(netem_missing_reason() is not None, reason=str(netem_missing_reason()))
 def test_delay_and_loss_on_the_decode_link_lose_no_request(tmp_path) -> None:
-    results, report = _run_shaped(
+    results, report, _ = _run_shaped(
         tmp_path, lambda net, host: net.netem(host, delay_ms=20, loss_percent=2)
     )
     _assert_none_lost(results, report)
