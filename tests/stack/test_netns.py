@@ -150,11 +150,11 @@ def test_a_slow_decode_link_loses_no_request(tmp_path) -> None:
 
 
 def test_a_decode_link_that_drops_packets_loses_no_request(tmp_path) -> None:
-    """Packet loss without netem: a 4 Mbit/s link with a 5 ms queue drops what overflows it
+    """Packet loss without netem: a 10 Mbit/s link with a 2 ms queue drops what overflows it
     (every KV hand-off is a burst), so TCP retransmits and calls wait on their timeouts;
     every request still ends in one recorded state."""
     results, report, dropped = _run_shaped(
-        tmp_path, lambda net, host: net.drop_overflow(host, 4, queue_ms=5)
+        tmp_path, lambda net, host: net.drop_overflow(host, 10, queue_ms=2)
     )
     assert dropped > 0  # the link did lose packets
     _assert_none_lost(results, report)
