@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from agents.workers import DecodeOutcome, DecodeRequest, DecodeWorker
+from agents.workers import DecodeOutcome, DecodeRequest, DecodeWorker, TokenLogprob
 from backend.policy.calibration import DecodeStepSample
 
 MAX_STEP_SAMPLES = 4096  # kept for the next heartbeat; the oldest go first
@@ -124,8 +124,8 @@ class DecodeLoop:
                 )
             self._let_callers_in()
 
-    def _on_token(self, request_id: str, token: int) -> None:
-        self._streams[request_id].put(token)
+    def _on_token(self, request_id: str, token: int, logprob: TokenLogprob | None) -> None:
+        self._streams[request_id].put((token, logprob))
 
     def _on_finish(self, outcome: DecodeOutcome) -> None:
         stream = self._streams.pop(outcome.request_id, None)

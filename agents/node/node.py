@@ -30,7 +30,9 @@ from agents.workers import (
     DecodeWorker,
     PrefillWorker,
     SamplingParams,
+    TokenLogprob,
     sample,
+    token_logprob,
 )
 from backend.policy.blocks import block_keys
 from backend.policy.calibration import DecodeStepSample, PrefillSample
@@ -58,6 +60,7 @@ class PrefillOutcome:
     timings: dict[str, float]
     handed_off: bool
     logits: torch.Tensor | None
+    first_logprob: TokenLogprob | None = None  # when the sampling asked for log-probabilities
 
 
 class NodeAgent:
@@ -245,6 +248,7 @@ class NodeAgent:
         with self._state:  # cancelled while it ran: no hand-off
             self._refuse_if_cancelled(request_id)
         first_token = sample(result.logits, sampling, sampling.generator())
+        first_logprob = token_logprob(result.logits, first_token, sampling)
         handoff_started_s = time.perf_counter()
         if decode_address:
             try:
@@ -281,6 +285,7 @@ class NodeAgent:
             },
             handed_off=bool(decode_address),
             logits=result.logits if return_logits else None,
+            first_logprob=first_logprob,
         )
 
     def _measured(self, outcome: PrefillOutcome) -> None:

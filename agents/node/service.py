@@ -14,7 +14,7 @@ from agents.node.node import NodeAgent, PlanError
 
 if TYPE_CHECKING:
     from agents.node.metrics import AgentMetrics
-from agents.workers import DecodeOutcome, SamplingParams
+from agents.workers import DecodeOutcome, SamplingParams, TokenLogprob
 from backend.rpc import agent_pb2 as pb
 from backend.rpc import agent_pb2_grpc as pb_grpc
 from backend.rpc.convert import (
@@ -46,7 +46,18 @@ def _cancel_if_abandoned(context: Any, agent: NodeAgent, request_id: str) -> lis
 
 
 def _sampling(message: pb.Sampling) -> SamplingParams:
-    return SamplingParams(message.temperature, message.top_k, message.seed, message.ignore_eos)
+    return SamplingParams(
+        message.temperature,
+        message.top_k,
+        message.seed,
+        message.ignore_eos,
+        logprobs=message.logprobs,
+        top_logprobs=message.top_logprobs,
+    )
+
+
+def _alternatives(logprob: TokenLogprob) -> list[Any]:
+    return [pb.TokenLogprob(token=token, logprob=value) for token, value in logprob.top]
 
 
 class AgentService(pb_grpc.AgentServicer):
@@ -87,6 +98,7 @@ class AgentService(pb_grpc.AgentServicer):
             block_bytes = self.agent.shard.block_bytes
             fetched_bytes = outcome.num_fetched_tokens // tokens_per_block * block_bytes
             self.metrics.record_transport_bytes("fetched", fetched_bytes)
+        first = outcome.first_logprob
         return pb.DispatchPrefillReply(
             request_id=outcome.request_id,
             instance_id=self.agent.instance_id,
@@ -100,6 +112,8 @@ class AgentService(pb_grpc.AgentServicer):
             events=kv_events_to_proto(outcome.events),
             handed_off=outcome.handed_off,
             logits=outcome.logits.tolist() if outcome.logits is not None else (),
+            first_logprob=first.logprob if first is not None else None,
+            first_top_logprobs=_alternatives(first) if first is not None else (),
         )
 
     def DispatchDecode(self, request: pb.DispatchDecodeRequest, context: Any) -> Iterator[Any]:
@@ -137,7 +151,12 @@ class AgentService(pb_grpc.AgentServicer):
                         stage=item.stage or "",
                     )
                     return
-                yield pb.DecodeMessage(request_id=request.request_id, token=item, index=index)
+                token, logprob = item
+                message = pb.DecodeMessage(request_id=request.request_id, token=token, index=index)
+                if logprob is not None:
+                    message.logprob = logprob.logprob
+                    message.top_logprobs.extend(_alternatives(logprob))
+                yield message
                 index += 1
         finally:
             self.agent.finish_decode()

@@ -3,7 +3,7 @@
 from agents.workers.decode import DecodeOutcome, DecodeRequest, DecodeWorker
 from agents.workers.kv_io import BlockSink, BlockSource, KvSink, KvSource
 from agents.workers.prefill import PrefillResult, PrefillTimings, PrefillWorker
-from agents.workers.sampling import SamplingParams, sample
+from agents.workers.sampling import SamplingParams, TokenLogprob, sample, token_logprob
 
 __all__ = [
     "BlockSink",
@@ -17,5 +17,7 @@ __all__ = [
     "PrefillTimings",
     "PrefillWorker",
     "SamplingParams",
+    "TokenLogprob",
     "sample",
+    "token_logprob",
 ]

@@ -18,7 +18,13 @@ import torch.nn.functional as F
 from agents.model.kv_blocks import PagedKv
 from agents.model.model import LlamaModel
 from agents.workers.decode_cache import RequestKvCache
-from agents.workers.sampling import GREEDY, SamplingParams, sample
+from agents.workers.sampling import (
+    GREEDY,
+    SamplingParams,
+    TokenLogprob,
+    sample,
+    token_logprob,
+)
 from backend.policy.decode_load import check_decode_arrival
 from backend.policy.effects import ArrivalCheck
 
@@ -60,7 +66,9 @@ class _Running:
     output_tokens: list[int] = field(default_factory=list)
 
 
-TokenCallback = Callable[[str, int], None]
+# request id, token, and its log-probability when the request asked for them (never for the
+# first token: the prefill sampled it, and reported its own).
+TokenCallback = Callable[[str, int, TokenLogprob | None], None]
 FinishCallback = Callable[[DecodeOutcome], None]
 
 
@@ -170,7 +178,9 @@ class DecodeWorker:
         logits = model.logits(hidden)
         for row, state in enumerate(batch):
             state.cache.advance()
-            self._emit(state, sample(logits[row], state.request.sampling, state.generator))
+            sampling = state.request.sampling
+            token = sample(logits[row], sampling, state.generator)
+            self._emit(state, token, token_logprob(logits[row], token, sampling))
         return produced + len(batch)
 
     def run_until_idle(self) -> None:
@@ -190,11 +200,11 @@ class DecodeWorker:
             joined += 1
         return joined
 
-    def _emit(self, state: _Running, token: int) -> None:
+    def _emit(self, state: _Running, token: int, logprob: TokenLogprob | None = None) -> None:
         state.output_tokens.append(token)
         request = state.request
         if self.on_token is not None:
-            self.on_token(request.request_id, token)
+            self.on_token(request.request_id, token, logprob)
         stopped = token in self.stop_token_ids and not request.sampling.ignore_eos
         if stopped or len(state.output_tokens) >= request.max_tokens:
             del self._running[request.request_id]

@@ -72,16 +72,28 @@ class KvEvent(_message.Message):
     def __init__(self, kind: _Optional[_Union[KvEvent.Kind, str]] = ..., now_s: _Optional[float] = ..., instance_id: _Optional[str] = ..., keys: _Optional[_Iterable[int]] = ..., tier: _Optional[_Union[Tier, str]] = ...) -> None: ...
 
 class Sampling(_message.Message):
-    __slots__ = ("temperature", "top_k", "seed", "ignore_eos")
+    __slots__ = ("temperature", "top_k", "seed", "ignore_eos", "logprobs", "top_logprobs")
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
     IGNORE_EOS_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     temperature: float
     top_k: int
     seed: int
     ignore_eos: bool
-    def __init__(self, temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., ignore_eos: _Optional[bool] = ...) -> None: ...
+    logprobs: bool
+    top_logprobs: int
+    def __init__(self, temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., ignore_eos: _Optional[bool] = ..., logprobs: _Optional[bool] = ..., top_logprobs: _Optional[int] = ...) -> None: ...
+
+class TokenLogprob(_message.Message):
+    __slots__ = ("token", "logprob")
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    LOGPROB_FIELD_NUMBER: _ClassVar[int]
+    token: int
+    logprob: float
+    def __init__(self, token: _Optional[int] = ..., logprob: _Optional[float] = ...) -> None: ...
 
 class DispatchPrefillRequest(_message.Message):
     __slots__ = ("request_id", "token_ids", "plan", "replicate", "decode_instance_id", "decode_data_address", "sampling", "return_logits")
@@ -128,7 +140,7 @@ class PrefillTimings(_message.Message):
     def __init__(self, queue_s: _Optional[float] = ..., load_s: _Optional[float] = ..., fetch_s: _Optional[float] = ..., compute_s: _Optional[float] = ..., load_wait_s: _Optional[float] = ..., store_wait_s: _Optional[float] = ..., store_s: _Optional[float] = ..., handoff_s: _Optional[float] = ..., total_s: _Optional[float] = ..., cpu_s: _Optional[float] = ...) -> None: ...
 
 class DispatchPrefillReply(_message.Message):
-    __slots__ = ("request_id", "instance_id", "first_token", "num_tokens", "num_reused_tokens", "num_fetched_tokens", "recomputed_keys", "stored_keys", "timings", "events", "handed_off", "logits")
+    __slots__ = ("request_id", "instance_id", "first_token", "num_tokens", "num_reused_tokens", "num_fetched_tokens", "recomputed_keys", "stored_keys", "timings", "events", "handed_off", "logits", "first_logprob", "first_top_logprobs")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     FIRST_TOKEN_FIELD_NUMBER: _ClassVar[int]
@@ -141,6 +153,8 @@ class DispatchPrefillReply(_message.Message):
     EVENTS_FIELD_NUMBER: _ClassVar[int]
     HANDED_OFF_FIELD_NUMBER: _ClassVar[int]
     LOGITS_FIELD_NUMBER: _ClassVar[int]
+    FIRST_LOGPROB_FIELD_NUMBER: _ClassVar[int]
+    FIRST_TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     instance_id: str
     first_token: int
@@ -153,7 +167,9 @@ class DispatchPrefillReply(_message.Message):
     events: _containers.RepeatedCompositeFieldContainer[KvEvent]
     handed_off: bool
     logits: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self, request_id: _Optional[str] = ..., instance_id: _Optional[str] = ..., first_token: _Optional[int] = ..., num_tokens: _Optional[int] = ..., num_reused_tokens: _Optional[int] = ..., num_fetched_tokens: _Optional[int] = ..., recomputed_keys: _Optional[_Iterable[int]] = ..., stored_keys: _Optional[_Iterable[int]] = ..., timings: _Optional[_Union[PrefillTimings, _Mapping]] = ..., events: _Optional[_Iterable[_Union[KvEvent, _Mapping]]] = ..., handed_off: _Optional[bool] = ..., logits: _Optional[_Iterable[float]] = ...) -> None: ...
+    first_logprob: float
+    first_top_logprobs: _containers.RepeatedCompositeFieldContainer[TokenLogprob]
+    def __init__(self, request_id: _Optional[str] = ..., instance_id: _Optional[str] = ..., first_token: _Optional[int] = ..., num_tokens: _Optional[int] = ..., num_reused_tokens: _Optional[int] = ..., num_fetched_tokens: _Optional[int] = ..., recomputed_keys: _Optional[_Iterable[int]] = ..., stored_keys: _Optional[_Iterable[int]] = ..., timings: _Optional[_Union[PrefillTimings, _Mapping]] = ..., events: _Optional[_Iterable[_Union[KvEvent, _Mapping]]] = ..., handed_off: _Optional[bool] = ..., logits: _Optional[_Iterable[float]] = ..., first_logprob: _Optional[float] = ..., first_top_logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ...) -> None: ...
 
 class ArrivalCheck(_message.Message):
     __slots__ = ("tbt_slo_s", "fixed_s", "per_request_s", "per_context_token_s")
@@ -184,7 +200,7 @@ class DispatchDecodeRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., num_context_tokens: _Optional[int] = ..., first_token: _Optional[int] = ..., max_tokens: _Optional[int] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., arrival_check: _Optional[_Union[ArrivalCheck, _Mapping]] = ...) -> None: ...
 
 class DecodeMessage(_message.Message):
-    __slots__ = ("request_id", "token", "index", "done", "status", "reason", "stage")
+    __slots__ = ("request_id", "token", "index", "done", "status", "reason", "stage", "logprob", "top_logprobs")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
@@ -192,6 +208,8 @@ class DecodeMessage(_message.Message):
     STATUS_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     STAGE_FIELD_NUMBER: _ClassVar[int]
+    LOGPROB_FIELD_NUMBER: _ClassVar[int]
+    TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     token: int
     index: int
@@ -199,7 +217,9 @@ class DecodeMessage(_message.Message):
     status: str
     reason: str
     stage: str
-    def __init__(self, request_id: _Optional[str] = ..., token: _Optional[int] = ..., index: _Optional[int] = ..., done: _Optional[bool] = ..., status: _Optional[str] = ..., reason: _Optional[str] = ..., stage: _Optional[str] = ...) -> None: ...
+    logprob: float
+    top_logprobs: _containers.RepeatedCompositeFieldContainer[TokenLogprob]
+    def __init__(self, request_id: _Optional[str] = ..., token: _Optional[int] = ..., index: _Optional[int] = ..., done: _Optional[bool] = ..., status: _Optional[str] = ..., reason: _Optional[str] = ..., stage: _Optional[str] = ..., logprob: _Optional[float] = ..., top_logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ...) -> None: ...
 
 class ReplicateBlocksRequest(_message.Message):
     __slots__ = ("request_id", "source_instance_id", "source_data_address", "keys", "first_depth")

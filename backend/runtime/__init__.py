@@ -5,7 +5,14 @@ events as they happen, carries out its effects on the agents and ends every requ
 exactly one terminal state. No REST here; the API layer submits through `submit()`.
 """
 
-from backend.runtime.requests import RequestStream, Sampling
+from backend.runtime.requests import Logprob, RequestStream, Sampling
 from backend.runtime.runtime import AgentInfo, ConductorRuntime, RequestLogUnavailable
 
-__all__ = ["AgentInfo", "ConductorRuntime", "RequestLogUnavailable", "RequestStream", "Sampling"]
+__all__ = [
+    "AgentInfo",
+    "ConductorRuntime",
+    "Logprob",
+    "RequestLogUnavailable",
+    "RequestStream",
+    "Sampling",
+]

@@ -20,6 +20,17 @@ class Sampling:
     top_k: int = 0
     seed: int = 0
     ignore_eos: bool = False  # generate max_tokens even past the model's end of sequence
+    logprobs: bool = False  # each token's log-probability comes with it
+    top_logprobs: int = 0  # and this many most likely alternatives (0-20)
+
+
+@dataclass(frozen=True, slots=True)
+class Logprob:
+    """A generated token's log-probability under the model, and the most likely
+    (token id, log-probability) alternatives, most likely first."""
+
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
 
 
 _END = object()
@@ -46,6 +57,9 @@ class RequestStream:
     arrival_s: float
     on_token: Callable[[int], None] | None = None
     tokens: list[int] = field(default_factory=list)
+    # One per token when `sampling.logprobs` (pushed before its token is streamed).
+    logprobs: list[Logprob | None] = field(default_factory=list)
+    first_logprob: Logprob | None = None  # the prefill's, for the first token
     token_times_s: list[float] = field(default_factory=list)  # when each token arrived
     block_keys: tuple[int, ...] = ()
     decisions: list[DispatchPrefill] = field(default_factory=list)
@@ -78,7 +92,9 @@ class RequestStream:
     def is_finished(self) -> bool:
         return self.outcome is not None
 
-    def push_token(self, token: int, now_s: float) -> None:
+    def push_token(self, token: int, now_s: float, logprob: Logprob | None = None) -> None:
+        if self.sampling.logprobs:
+            self.logprobs.append(logprob)
         self.tokens.append(token)
         self.token_times_s.append(now_s)
         self._queue.put(token)

@@ -53,7 +53,7 @@ from backend.rpc.convert import (
 )
 from backend.rpc.reports import AgentLoad, Heartbeat, Join
 from backend.runtime.hotspots import BlockHits
-from backend.runtime.requests import RequestStream, Sampling
+from backend.runtime.requests import Logprob, RequestStream, Sampling
 from backend.runtime.roles import RoleSwitchRefused, wait_until_idle
 from backend.runtime.sampler import LoadSampler
 from backend.runtime.service import ConductorService
@@ -880,6 +880,8 @@ class ConductorRuntime(EffectHandler):
         stream.prefill_agent_s = reply.timings.total_s
         stream.num_reused_tokens = reply.num_reused_tokens
         stream.num_fetched_tokens = reply.num_fetched_tokens
+        if reply.HasField("first_logprob"):
+            stream.first_logprob = _logprob(reply.first_logprob, reply.first_top_logprobs)
         with self._lock:
             if stream.dispatch is not effect:
                 after = self._apply(self._leave_line(prefill_id, stream.request_id))
@@ -977,7 +979,7 @@ class ConductorRuntime(EffectHandler):
                     self._feed(
                         ev.DecodeStarted(self._clock(), stream.request_id, effect.instance_id)
                     )
-                stream.push_token(message.token, self._clock())
+                stream.push_token(message.token, self._clock(), _message_logprob(stream, message))
                 self._feed(ev.DecodeStep(self._clock(), stream.request_id, len(stream.tokens)))
         except grpc.RpcError as error:
             self._on_rpc_error(stream, effect.instance_id, error, "decode")
@@ -1096,6 +1098,19 @@ class ConductorRuntime(EffectHandler):
         self._after(after)
 
 
+def _logprob(value: float, alternatives: Sequence[pb.TokenLogprob]) -> Logprob:
+    return Logprob(value, tuple((a.token, a.logprob) for a in alternatives))
+
+
+def _message_logprob(stream: RequestStream, message: pb.DecodeMessage) -> Logprob | None:
+    """A streamed token's log-probability: the first token's came with the prefill's answer."""
+    if message.index == 0:
+        return stream.first_logprob
+    if message.HasField("logprob"):
+        return _logprob(message.logprob, message.top_logprobs)
+    return None
+
+
 def _sampling_to_proto(sampling: Sampling) -> pb.Sampling:
     seed = (sampling.seed + 2**63) % 2**64 - 2**63  # into int64, as agent.proto carries it
     return pb.Sampling(
@@ -1103,4 +1118,6 @@ def _sampling_to_proto(sampling: Sampling) -> pb.Sampling:
         top_k=sampling.top_k,
         seed=seed,
         ignore_eos=sampling.ignore_eos,
+        logprobs=sampling.logprobs,
+        top_logprobs=sampling.top_logprobs,
     )

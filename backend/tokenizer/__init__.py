@@ -2,8 +2,9 @@
 models (no download; see `synthetic.py`) and a real model's own (`model_tokenizer.py`).
 
 Both offer `encode`, `decode`, `stream_decoder()` (text of a token stream, never half a
-character), `chat_prompt(messages)`, `vocab_size` and `eos_token_id`: the `Tokenizer`
-protocol the REST API uses.
+character), `token_bytes(id)` (the bytes one token stands for, for log-probabilities),
+`chat_prompt(messages)`, `vocab_size` and `eos_token_id`: the `Tokenizer` protocol the REST
+API uses.
 """
 
 from collections.abc import Iterable
@@ -26,6 +27,8 @@ class Tokenizer(Protocol):
     def decode(self, ids: Iterable[int]) -> str: ...
 
     def stream_decoder(self) -> StreamDecoder: ...
+
+    def token_bytes(self, token_id: int) -> bytes: ...
 
     def chat_prompt(self, messages: Iterable[tuple[str, str]]) -> str: ...
 

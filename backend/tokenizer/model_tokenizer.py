@@ -12,6 +12,7 @@ complete character, and nothing is sent while the text ends in an incomplete one
 """
 
 import json
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,23 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_token
 # regex (StarCoder's family, SmolLM2's); every other "gpt2"-model name uses the regex alone.
 _DIGITS_FIRST = {"smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva"}
 _INCOMPLETE = "\ufffd"
+_BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
+def _byte_alphabet() -> dict[str, int]:
+    """Byte-level BPE's printable stand-in for each byte (GPT-2's table), inverted."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    chars = list(printable)
+    extra = 0
+    for byte in range(256):
+        if byte not in printable:
+            printable.append(byte)
+            chars.append(256 + extra)
+            extra += 1
+    return {chr(char): byte for byte, char in zip(printable, chars, strict=True)}
+
+
+_BYTE_OF_CHAR = _byte_alphabet()
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +172,20 @@ class ModelTokenizer:
 
     def is_special(self, token_id: int) -> bool:
         return token_id in self._special
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token stands for (part of a character, possibly); a control
+        token's are its name (`<|im_end|>`)."""
+        piece = self._tokenizer.id_to_token(token_id)
+        if piece is None:
+            raise ValueError(f"token id {token_id} is outside [0, {self.vocab_size})")
+        if token_id in self._special:
+            return piece.encode()
+        if (match := _BYTE_FALLBACK.fullmatch(piece)) is not None:  # SentencePiece's <0x0A>
+            return bytes([int(match.group(1), 16)])
+        if all(char in _BYTE_OF_CHAR for char in piece):  # byte-level BPE's alphabet
+            return bytes(_BYTE_OF_CHAR[char] for char in piece)
+        return piece.replace("\u2581", " ").encode()  # SentencePiece's word boundary
 
 
 class StreamDecoder:

@@ -97,6 +97,9 @@ class SyntheticTokenizer:
             return ""
         return _spell(token_id - 1) + " "
 
+    def token_bytes(self, token_id: int) -> bytes:
+        return self.token_text(token_id).encode()
+
     def stream_decoder(self) -> "_TokenByToken":
         """Streamed text: every id is a whole word, so each token's text goes out at once."""
         return _TokenByToken(self)

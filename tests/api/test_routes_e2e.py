@@ -64,6 +64,46 @@ def test_a_chat_completion_and_its_record(served):
     assert chunks[-1].choices[0].finish_reason == "length"
 
 
+def test_log_probabilities_come_with_every_token_when_asked(served):
+    """Through real agents (the prefill answers the first token's, decode the rest): one
+    entry per generated token, the sampled one's log-probability and the alternatives asked
+    for; none when not asked. (tests/stack/test_up_real_model.py checks the values against
+    transformers on the real model.)"""
+    url, _ = served
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key=API_KEY, max_retries=0)
+    whole = client.completions.create(
+        model="tiny", prompt="the quick brown fox", max_tokens=4, temperature=0, logprobs=2
+    )
+    logprobs = whole.choices[0].logprobs
+    assert len(logprobs.tokens) == len(logprobs.token_logprobs) == 4
+    assert "".join(logprobs.tokens) == whole.choices[0].text
+    assert logprobs.text_offset == [sum(map(len, logprobs.tokens[:i])) for i in range(4)]
+    for value, top in zip(logprobs.token_logprobs, logprobs.top_logprobs, strict=True):
+        assert len(top) == 2 and value == pytest.approx(max(top.values())) and value <= 0
+    plain = client.completions.create(model="tiny", prompt="the quick brown fox", max_tokens=2)
+    assert plain.choices[0].logprobs is None
+
+    chunks = list(
+        client.chat.completions.create(
+            model="tiny",
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=3,
+            temperature=0,
+            logprobs=True,
+            stream=True,
+        )
+    )
+    content = [
+        entry
+        for chunk in chunks
+        if chunk.choices and chunk.choices[0].logprobs is not None
+        for entry in chunk.choices[0].logprobs.content
+    ]
+    assert len(content) == 3 and all(entry.top_logprobs == [] for entry in content)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert b"".join(bytes(entry.bytes) for entry in content).decode() == text
+
+
 def test_native_token_ids_stream_as_sse_ending_with_done(served):
     url, _ = served
     body = {"token_ids": list(range(1, 80)), "max_tokens": 3, "stream": True}

@@ -81,7 +81,8 @@ def test_completion_prompt_forms(prompt: object, expected: object) -> None:
         ({"model": "tiny", "prompt": "x", "temperature": 3}, "temperature: Input should be less"),
         ({"model": "tiny", "prompt": "x", "n": 2}, "n: Input should be 1"),
         ({"model": "tiny", "prompt": "x", "echo": True}, "echo is not supported"),
-        ({"model": "tiny", "prompt": "x", "logprobs": 2}, "logprobs are not supported yet"),
+        ({"model": "tiny", "prompt": "x", "logprobs": 6}, "logprobs: Input should be less"),
+        ({"model": "tiny", "prompt": "x", "logprobs": -1}, "logprobs: Input should be greater"),
         ({"model": "tiny", "prompt": "x", "stop": ["a"] * 5}, "at most 4 stop sequences, got 5"),
         (
             {"model": "tiny", "prompt": "x", "bogus": 1},
@@ -176,8 +177,17 @@ def test_chat_request_and_template() -> None:
             "response_format type 'json_schema' is not supported",
         ),
         (
-            {"model": "tiny", "messages": [{"role": "user", "content": "x"}], "logprobs": True},
-            "logprobs are not supported yet",
+            {"model": "tiny", "messages": [{"role": "user", "content": "x"}], "top_logprobs": 2},
+            "top_logprobs needs logprobs: true",
+        ),
+        (
+            {
+                "model": "tiny",
+                "messages": [{"role": "user", "content": "x"}],
+                "logprobs": True,
+                "top_logprobs": 21,
+            },
+            "top_logprobs: Input should be less",
         ),
     ],
 )

@@ -70,3 +70,11 @@ def reference_greedy(
                 break
             step_input = torch.tensor([[tokens[-1]]])
     return tokens
+
+
+def reference_logprobs(reference, prompt: list[int], tokens: list[int]) -> torch.Tensor:
+    """transformers' log-softmax [len(tokens), vocab] at each generated position: row i is
+    the distribution `tokens[i]` was drawn from (one pass over prompt + tokens[:-1])."""
+    with torch.no_grad():
+        logits = reference(torch.tensor([prompt + tokens[:-1]])).logits[0, len(prompt) - 1 :]
+    return torch.log_softmax(logits.float(), dim=-1)

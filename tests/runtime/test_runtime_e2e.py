@@ -44,7 +44,7 @@ def model():
 def _reference(model, tokens: list[int]) -> list[int]:
     logits, kv = model.full_prefill(torch.tensor(tokens))
     outputs: list[int] = []
-    worker = DecodeWorker(model, on_token=lambda _, token: outputs.append(token))
+    worker = DecodeWorker(model, on_token=lambda _, token, __: outputs.append(token))
     worker.submit(
         DecodeRequest("ref", PagedKv.from_layers(kv, BLOCK), int(torch.argmax(logits)), MAX_TOKENS)
     )

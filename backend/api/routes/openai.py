@@ -34,6 +34,7 @@ from backend.api.schemas import (
 )
 from backend.api.schemas.convert import (
     SSE_DONE,
+    LogprobCursor,
     chat_chunk,
     chat_response,
     chat_usage_chunk,
@@ -92,15 +93,21 @@ async def create_completion(
     if prepared.stream:
 
         async def events() -> AsyncIterator[bytes]:
-            stop = StopText(prepared.stop)
-            async for text in _text_deltas(served, stream, stop):
-                yield sse_event(completion_chunk(**ids, text=text))
+            text_stream = _TextStream(served, stream, prepared.stop)
+            cursor = _cursor(served, stream)
+            async for text in text_stream.deltas():
+                logprobs = cursor.completion(text_stream.num_tokens)
+                yield sse_event(completion_chunk(**ids, text=text, logprobs=logprobs))
+            stop = text_stream.stop
             if not stop.stopped and ended_badly(stream) is not None:
                 yield stream_error_event(stream)
             else:
                 num_tokens = len(stream.tokens)
                 reason = _finish_reason(stop, stream)
-                yield sse_event(completion_chunk(**ids, text="", finish_reason=reason))
+                logprobs = cursor.completion(text_stream.num_tokens)
+                yield sse_event(
+                    completion_chunk(**ids, text="", finish_reason=reason, logprobs=logprobs)
+                )
                 if prepared.include_usage:
                     used = usage(prepared.num_input_tokens, num_tokens)
                     yield sse_event(
@@ -115,13 +122,17 @@ async def create_completion(
             yield SSE_DONE
 
         return StreamingResponse(events(), media_type=_SSE)
-    text, stop = await _whole_text(served, stream, prepared.stop, request)
+    text, text_stream = await _whole_text(served, stream, prepared.stop, request)
     failure = ended_badly(stream)
     if failure is not None:
         return failure
-    reason, tokens = _finish_reason(stop, stream), stream.tokens
+    reason, tokens = _finish_reason(text_stream.stop, stream), stream.tokens
     return completion_response(
-        **ids, text=text, finish_reason=reason, usage=usage(prepared.num_input_tokens, len(tokens))
+        **ids,
+        text=text,
+        finish_reason=reason,
+        usage=usage(prepared.num_input_tokens, len(tokens)),
+        logprobs=_cursor(served, stream).completion(text_stream.num_tokens),
     )
 
 
@@ -146,54 +157,79 @@ async def create_chat_completion(
         async def events() -> AsyncIterator[bytes]:
             first: ChatCompletionChunk = chat_chunk(**ids, text="", is_first=True)
             yield sse_event(first)
-            stop = StopText(prepared.stop)
-            async for text in _text_deltas(served, stream, stop):
-                yield sse_event(chat_chunk(**ids, text=text))
+            text_stream = _TextStream(served, stream, prepared.stop)
+            cursor = _cursor(served, stream)
+            async for text in text_stream.deltas():
+                logprobs = cursor.chat(text_stream.num_tokens)
+                yield sse_event(chat_chunk(**ids, text=text, logprobs=logprobs))
+            stop = text_stream.stop
             if not stop.stopped and ended_badly(stream) is not None:
                 yield stream_error_event(stream)
             else:
-                yield sse_event(chat_chunk(**ids, finish_reason=_finish_reason(stop, stream)))
+                reason, logprobs = _finish_reason(stop, stream), cursor.chat(text_stream.num_tokens)
+                yield sse_event(chat_chunk(**ids, finish_reason=reason, logprobs=logprobs))
                 if prepared.include_usage:
                     used = usage(prepared.num_input_tokens, len(stream.tokens))
                     yield sse_event(chat_usage_chunk(**ids, usage=used))
             yield SSE_DONE
 
         return StreamingResponse(events(), media_type=_SSE)
-    text, stop = await _whole_text(served, stream, prepared.stop, request)
+    text, text_stream = await _whole_text(served, stream, prepared.stop, request)
     failure = ended_badly(stream)
     if failure is not None:
         return failure
-    reason, tokens = _finish_reason(stop, stream), stream.tokens
+    reason, tokens = _finish_reason(text_stream.stop, stream), stream.tokens
     return chat_response(
-        **ids, text=text, finish_reason=reason, usage=usage(prepared.num_input_tokens, len(tokens))
+        **ids,
+        text=text,
+        finish_reason=reason,
+        usage=usage(prepared.num_input_tokens, len(tokens)),
+        logprobs=_cursor(served, stream).chat(text_stream.num_tokens),
     )
 
 
-async def _text_deltas(served: Served, stream: RequestStream, stop: StopText) -> AsyncIterator[str]:
-    """The streamed text, token by token, cut at the first stop sequence (which ends the
-    request there: its agents drop the rest); the tail `stop` held back comes last when the
-    request completed."""
-    decoder = served.tokenizer.stream_decoder()
-    async for token in relay(served, stream):
-        if text := stop.feed(decoder.feed(token)):
+class _TextStream:
+    """A request's streamed text, token by token, cut at the first stop sequence (which ends
+    the request there: its agents drop the rest); `num_tokens`: the tokens read so far (the
+    last of them completed the stop sequence, when one was found)."""
+
+    def __init__(self, served: Served, stream: RequestStream, stops: Sequence[str]) -> None:
+        self.served, self.stream = served, stream
+        self.stop = StopText(stops)
+        self.num_tokens = 0
+
+    async def deltas(self) -> AsyncIterator[str]:
+        """The new text as tokens arrive; the tail the stop check held back comes last when
+        the request completed."""
+        served, stream, stop = self.served, self.stream, self.stop
+        decoder = served.tokenizer.stream_decoder()
+        async for token in relay(served, stream):
+            self.num_tokens += 1
+            if text := stop.feed(decoder.feed(token)):
+                yield text
+            if stop.stopped:
+                served.runtime.finish_early(stream.request_id, "stop_sequence")
+                return
+        completed = stream.outcome is not None and stream.outcome.state == "completed"
+        if completed and (text := stop.flush()):
             yield text
-        if stop.stopped:
-            served.runtime.finish_early(stream.request_id, "stop_sequence")
-            return
-    completed = stream.outcome is not None and stream.outcome.state == "completed"
-    if completed and (text := stop.flush()):
-        yield text
 
 
 async def _whole_text(
     served: Served, stream: RequestStream, stops: Sequence[str], request: Request
-) -> tuple[str, StopText]:
+) -> tuple[str, _TextStream]:
     """A whole answer's text, cut at the first stop sequence (the request ends there), and
-    the StopText that says whether it was; a client that disconnects meanwhile cancels it."""
-    stop = StopText(stops)
+    the _TextStream that says whether it was; a client that disconnects meanwhile cancels it."""
+    text_stream = _TextStream(served, stream, stops)
     async with cancelled_on_disconnect(served, stream, request):
-        text = "".join([delta async for delta in _text_deltas(served, stream, stop)])
-    return text, stop
+        text = "".join([delta async for delta in text_stream.deltas()])
+    return text, text_stream
+
+
+def _cursor(served: Served, stream: RequestStream) -> LogprobCursor:
+    return LogprobCursor(
+        served.tokenizer, stream.tokens, stream.logprobs, wanted=stream.sampling.logprobs
+    )
 
 
 def _finish_reason(stop: StopText, stream: RequestStream) -> str:

@@ -143,7 +143,11 @@ async def submit(
         tbt_slo_s=tbt_slo_s,
     )
     sampling = Sampling(
-        temperature=prepared.temperature, seed=prepared.seed or 0, ignore_eos=prepared.ignore_eos
+        temperature=prepared.temperature,
+        seed=prepared.seed or 0,
+        ignore_eos=prepared.ignore_eos,
+        logprobs=prepared.logprobs is not None,
+        top_logprobs=prepared.logprobs or 0,
     )
     # On the event loop: submit only decides and queues (agent RPCs and the request log run
     # on other threads), in tens of microseconds; a thread round trip would cost more.

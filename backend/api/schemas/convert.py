@@ -26,11 +26,16 @@ from backend.api.schemas.openai import (
     ChatCompletionRequest,
     ChatCompletionResponse,
     ChatDelta,
+    ChatLogprobs,
+    ChatTokenLogprob,
     CompletionChoice,
+    CompletionLogprobs,
     CompletionRequest,
     CompletionResponse,
+    TopLogprob,
 )
 from backend.policy import Reject, RequestArrived, block_keys
+from backend.runtime import Logprob
 from backend.tokenizer import Tokenizer
 from backend.traces.tokens import scaled_input_tokens, trace_token_ids
 
@@ -38,6 +43,9 @@ SSE_DONE = b"data: [DONE]\n\n"
 # A temperature under this samples greedily (0): its distribution is one-hot already, and the
 # agents divide fp32 logits by it, which overflows to inf/NaN for tiny values (say 1e-40).
 MIN_SAMPLING_TEMPERATURE = 1e-6
+# A token the model all but rules out has log-probability -inf in fp32, and JSON has no
+# infinity: it is sent as this floor.
+MIN_LOGPROB = -9999.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +103,7 @@ class PreparedRequest:
     ignore_eos: bool
     ttft_slo_s: float | None
     tbt_slo_s: float | None
+    logprobs: int | None = None  # None: none asked for; else alternatives per token
 
     @property
     def num_input_tokens(self) -> int:
@@ -131,6 +140,7 @@ def prepare_completion(
         temperature=body.temperature,
         seed=body.seed,
         stop=body.stop_sequences,
+        logprobs=body.logprobs,
     )
 
 
@@ -152,6 +162,7 @@ def prepare_chat(
         temperature=body.temperature,
         seed=body.seed,
         stop=body.stop_sequences,
+        logprobs=(body.top_logprobs or 0) if body.logprobs else None,
     )
 
 
@@ -205,6 +216,7 @@ def _prepared(
     ignore_eos: bool = False,
     ttft_slo_s: float | None = None,
     tbt_slo_s: float | None = None,
+    logprobs: int | None = None,
 ) -> PreparedRequest:
     if len(token_ids) == 0:
         raise InvalidRequest("the prompt has no tokens", param=prompt_param)
@@ -229,6 +241,7 @@ def _prepared(
         ignore_eos=ignore_eos,
         ttft_slo_s=ttft_slo_s,
         tbt_slo_s=tbt_slo_s,
+        logprobs=logprobs,
     )
 
 
@@ -280,9 +293,16 @@ def usage(num_prompt_tokens: int, num_completion_tokens: int) -> Usage:
 
 
 def completion_response(
-    *, request_id: str, model: str, created: int, text: str, finish_reason: str, usage: Usage
+    *,
+    request_id: str,
+    model: str,
+    created: int,
+    text: str,
+    finish_reason: str,
+    usage: Usage,
+    logprobs: CompletionLogprobs | None = None,
 ) -> CompletionResponse:
-    choice = CompletionChoice(text=text, finish_reason=finish_reason)
+    choice = CompletionChoice(text=text, finish_reason=finish_reason, logprobs=logprobs)
     return CompletionResponse(
         id=request_id, created=created, model=model, choices=[choice], usage=usage
     )
@@ -296,17 +316,26 @@ def completion_chunk(
     text: str,
     finish_reason: str | None = None,
     usage: Usage | None = None,
+    logprobs: CompletionLogprobs | None = None,
 ) -> CompletionResponse:
-    choice = CompletionChoice(text=text, finish_reason=finish_reason)
+    choice = CompletionChoice(text=text, finish_reason=finish_reason, logprobs=logprobs)
     return CompletionResponse(
         id=request_id, created=created, model=model, choices=[choice], usage=usage
     )
 
 
 def chat_response(
-    *, request_id: str, model: str, created: int, text: str, finish_reason: str, usage: Usage
+    *,
+    request_id: str,
+    model: str,
+    created: int,
+    text: str,
+    finish_reason: str,
+    usage: Usage,
+    logprobs: ChatLogprobs | None = None,
 ) -> ChatCompletionResponse:
-    choice = ChatChoice(message=AssistantMessage(content=text), finish_reason=finish_reason)
+    message = AssistantMessage(content=text)
+    choice = ChatChoice(message=message, finish_reason=finish_reason, logprobs=logprobs)
     return ChatCompletionResponse(
         id=request_id, created=created, model=model, choices=[choice], usage=usage
     )
@@ -320,10 +349,11 @@ def chat_chunk(
     text: str | None = None,
     is_first: bool = False,
     finish_reason: str | None = None,
+    logprobs: ChatLogprobs | None = None,
 ) -> ChatCompletionChunk:
     """A streamed chat event: the first carries the role, the last the finish reason."""
     delta = ChatDelta(role="assistant" if is_first else None, content=text)
-    choice = ChatChunkChoice(delta=delta, finish_reason=finish_reason)
+    choice = ChatChunkChoice(delta=delta, finish_reason=finish_reason, logprobs=logprobs)
     return ChatCompletionChunk(id=request_id, created=created, model=model, choices=[choice])
 
 
@@ -332,6 +362,70 @@ def chat_usage_chunk(
 ) -> ChatCompletionChunk:
     """The last event when the client asked for `stream_options.include_usage`."""
     return ChatCompletionChunk(id=request_id, created=created, model=model, choices=[], usage=usage)
+
+
+@dataclass(slots=True)
+class LogprobCursor:
+    """Hands out a request's token log-probabilities in OpenAI's shapes as the text of their
+    tokens is sent: `completion(n)` and `chat(n)` cover the tokens from the last call up to
+    the first `n`. Both are None when the request asked for none."""
+
+    tokenizer: Tokenizer
+    tokens: Sequence[int]
+    logprobs: Sequence[Logprob | None]
+    wanted: bool
+    sent: int = 0
+    text_offset: int = 0  # completions: where the next token's text starts
+
+    def completion(self, upto: int) -> CompletionLogprobs | None:
+        if not self.wanted:
+            return None
+        body = CompletionLogprobs(tokens=[], token_logprobs=[], top_logprobs=[], text_offset=[])
+        for token, logprob in self._take(upto):
+            text = self._text(token)
+            body.tokens.append(text)
+            body.token_logprobs.append(_floor(logprob.logprob))
+            body.top_logprobs.append({self._text(t): _floor(v) for t, v in logprob.top})
+            body.text_offset.append(self.text_offset)
+            self.text_offset += len(text)
+        return body
+
+    def chat(self, upto: int) -> ChatLogprobs | None:
+        if not self.wanted:
+            return None
+        content = [
+            ChatTokenLogprob(
+                **self._top(token, logprob.logprob).model_dump(),
+                top_logprobs=[self._top(t, v) for t, v in logprob.top],
+            )
+            for token, logprob in self._take(upto)
+        ]
+        return ChatLogprobs(content=content)
+
+    def _take(self, upto: int) -> list[tuple[int, Logprob]]:
+        upto = min(upto, len(self.tokens), len(self.logprobs))
+        taken = [
+            (token, logprob)
+            for token, logprob in zip(
+                self.tokens[self.sent : upto], self.logprobs[self.sent : upto], strict=True
+            )
+            if logprob is not None
+        ]
+        self.sent = max(self.sent, upto)
+        return taken
+
+    def _text(self, token: int) -> str:
+        return self.tokenizer.token_bytes(token).decode("utf-8", errors="replace")
+
+    def _top(self, token: int, logprob: float) -> TopLogprob:
+        raw = self.tokenizer.token_bytes(token)
+        return TopLogprob(
+            token=raw.decode("utf-8", errors="replace"), logprob=_floor(logprob), bytes=list(raw)
+        )
+
+
+def _floor(logprob: float) -> float:
+    return max(logprob, MIN_LOGPROB) if not math.isnan(logprob) else MIN_LOGPROB
 
 
 def sse_event(body: BaseModel) -> bytes:

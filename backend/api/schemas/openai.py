@@ -3,12 +3,13 @@
 Field names follow OpenAI's API exactly so the official clients work unchanged. Requests
 refuse unknown fields (OpenAI answers "Unrecognized request argument"), but accept these
 OpenAI fields and ignore them: `top_p`, `presence_penalty`, `frequency_penalty`,
-`logit_bias`, `user`, and on chat also `logprobs` when false and `top_logprobs` when 0 or
-absent; on chat `response_format` of type text, `tools` empty and `tool_choice` none or
-auto (what many client libraries send by default), and the `developer` role (served as
-system). `n` and `best_of` are accepted only as 1, `echo` only as false, `logprobs` (on
-completions) and `suffix` only as null: other values are refused with a message that says
-what is not supported.
+`logit_bias`, `user`; on chat `response_format` of type text, `tools` empty and
+`tool_choice` none or auto (what many client libraries send by default), and the
+`developer` role (served as system). Log-probabilities are real (the model's log-softmax at
+each generated token, before temperature): `logprobs` (0-5 alternatives) on completions,
+`logprobs` and `top_logprobs` (0-20) on chat. `n` and `best_of` are accepted only as 1,
+`echo` only as false and `suffix` only as null: other values are refused with a message that
+says what is not supported.
 """
 
 from typing import Annotated, Literal
@@ -32,6 +33,8 @@ from backend.tokenizer import ROLES
 # "developer" is what newer OpenAI clients send for system instructions: served as system.
 Role = Literal["system", "developer", "user", "assistant"]
 Stop = str | list[str] | None
+MAX_COMPLETION_LOGPROBS = 5  # OpenAI's limits on alternatives per token
+MAX_TOP_LOGPROBS = 20
 
 
 class _SamplingFields(RequestBody):
@@ -76,7 +79,8 @@ class CompletionRequest(_SamplingFields):
     )
     best_of: Literal[1] = 1
     echo: bool = False
-    logprobs: int | None = None
+    # Each token's log-probability and this many most likely alternatives with theirs.
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_COMPLETION_LOGPROBS)
     suffix: None = None
 
     @field_validator("echo")
@@ -85,13 +89,6 @@ class CompletionRequest(_SamplingFields):
         if echo:
             raise ValueError("echo is not supported: the prompt is not returned")
         return echo
-
-    @field_validator("logprobs")
-    @classmethod
-    def _no_logprobs(cls, logprobs: int | None) -> int | None:
-        if logprobs is not None:
-            raise ValueError("logprobs are not supported yet: send null")
-        return logprobs
 
     @field_validator("prompt", mode="before")
     @classmethod
@@ -164,20 +161,19 @@ class ChatCompletionRequest(_SamplingFields):
 
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: MaxTokens | None = None
-    logprobs: bool = False
-    top_logprobs: Literal[0] | None = None
+    logprobs: bool = False  # each token's log-probability with it
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     # Sent by many client libraries by default: plain text and no tools can be honoured.
     response_format: dict[str, object] | None = None
     tools: list[dict[str, object]] | None = None
     tool_choice: str | dict[str, object] | None = None
     parallel_tool_calls: bool | None = None
 
-    @field_validator("logprobs")
-    @classmethod
-    def _no_logprobs(cls, logprobs: bool) -> bool:
-        if logprobs:
-            raise ValueError("logprobs are not supported yet: send false")
-        return logprobs
+    @model_validator(mode="after")
+    def _top_logprobs_need_logprobs(self) -> "ChatCompletionRequest":
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs: true")
+        return self
 
     @field_validator("response_format")
     @classmethod
@@ -213,11 +209,21 @@ class ChatCompletionRequest(_SamplingFields):
 # Responses. Null fields are sent as null, as OpenAI does.
 
 
+class CompletionLogprobs(BaseModel):
+    """Per generated token: its text, log-probability, most likely alternatives (text to
+    log-probability) and where its text starts in the choice's text."""
+
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]]
+    text_offset: list[int]
+
+
 class CompletionChoice(BaseModel):
     index: int = 0
     text: str
     finish_reason: FinishReason | None
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
 
 
 class CompletionResponse(BaseModel):
@@ -238,11 +244,27 @@ class AssistantMessage(BaseModel):
     content: str
 
 
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
+class ChatTokenLogprob(TopLogprob):
+    """A generated token: its text, bytes and log-probability, and the most likely ones."""
+
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(BaseModel):
+    content: list[ChatTokenLogprob] | None
+
+
 class ChatChoice(BaseModel):
     index: int = 0
     message: AssistantMessage
     finish_reason: FinishReason
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
 
 
 class ChatCompletionResponse(BaseModel):
@@ -265,7 +287,7 @@ class ChatChunkChoice(BaseModel):
     index: int = 0
     delta: ChatDelta
     finish_reason: FinishReason | None = None
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
 
 
 class ChatCompletionChunk(BaseModel):

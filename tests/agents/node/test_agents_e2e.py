@@ -44,7 +44,7 @@ def _prompt(seed: int, shared: np.ndarray, tail: int) -> list[int]:
 def _reference(model, tokens: list[int]) -> tuple[torch.Tensor, list[int]]:
     logits, kv = model.full_prefill(torch.tensor(tokens))
     outputs: list[int] = []
-    worker = DecodeWorker(model, on_token=lambda _, token: outputs.append(token))
+    worker = DecodeWorker(model, on_token=lambda _, token, __: outputs.append(token))
     first = int(torch.argmax(logits))
     worker.submit(DecodeRequest("ref", PagedKv.from_layers(kv, BLOCK), first, MAX_TOKENS))
     worker.run_until_idle()

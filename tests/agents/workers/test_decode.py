@@ -34,7 +34,7 @@ def decode(model, arrivals, **options):
     outputs, stream = {}, []
     worker = DecodeWorker(
         model,
-        on_token=lambda request_id, token: stream.append((request_id, token)),
+        on_token=lambda request_id, token, _: stream.append((request_id, token)),
         on_finish=lambda outcome: outputs.__setitem__(outcome.request_id, outcome),
         **options,
     )
@@ -58,6 +58,29 @@ def test_greedy_tokens_equal_recomputing_the_whole_sequence(tiny_model, prefill)
         expected.append(int(logits.argmax()))
         sequence = torch.cat((sequence, torch.tensor(expected[-1:])))
     assert outputs["r"].output_tokens == tuple(expected)
+
+
+def test_log_probabilities_are_those_of_the_whole_sequence_and_only_when_asked(tiny_model, prefill):
+    tokens = prompt(45, seed=35)
+    asked = make_request(
+        prefill, "asked", tokens, max_tokens=4, sampling=SamplingParams(logprobs=True)
+    )
+    plain = make_request(prefill, "plain", tokens, max_tokens=4)
+    seen = []
+    worker = DecodeWorker(tiny_model, on_token=lambda *args: seen.append(args))
+    worker.submit(asked)
+    worker.submit(plain)
+    worker.run_until_idle()
+    by_request = {r: [(t, lp) for rid, t, lp in seen if rid == r] for r in ("asked", "plain")}
+    assert all(lp is None for _, lp in by_request["plain"])
+    first, *later = by_request["asked"]
+    assert first[1] is None  # the prefill sampled the first token and reports its own
+    sequence = torch.as_tensor([*tokens, first[0]], dtype=torch.int64)
+    for token, logprob in later:
+        logits, _ = tiny_model.full_prefill(sequence)
+        expected = torch.log_softmax(logits, -1)[token]
+        assert logprob.logprob == pytest.approx(float(expected), abs=1e-4)
+        sequence = torch.cat((sequence, torch.tensor([token])))
 
 
 def test_greedy_output_is_the_same_with_and_without_prefix_reuse(tiny_model, prefill):
