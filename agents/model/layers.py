@@ -10,6 +10,8 @@ from torch import nn
 
 from agents.model.config import ModelConfig
 
+SPLIT_GATE_UP_MAX_ROWS = 64  # a decode batch's size at most (see DecoderLayer.finish)
+
 
 def seeded_weight(
     shape: tuple[int, ...], generator: torch.Generator, device: torch.device, dtype: torch.dtype
@@ -120,5 +122,15 @@ class DecoderLayer(nn.Module):
     def finish(self, hidden: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
         """Output projection, residual, SwiGLU and residual: the layer's output [n, size]."""
         hidden = hidden + F.linear(attention, self.o_weight)
-        gate, up = F.linear(self.post_norm(hidden), self.gate_up_weight).chunk(2, dim=-1)
+        normed = self.post_norm(hidden)
+        if hidden.shape[0] <= SPLIT_GATE_UP_MAX_ROWS:
+            # A decode batch: gate and up as two products over the halves of the one matrix
+            # (views, no copy). Measured on SmolLM2's shapes on a 2-core CPU: two 1536-wide
+            # products take a 4-8 row batch in 2/3 of the time of one 3072-wide, level
+            # elsewhere up to 256 rows, 4 % slower at 1024 (hence one product for prefills).
+            ffn = self.config.ffn_size
+            gate = F.linear(normed, self.gate_up_weight[:ffn])
+            up = F.linear(normed, self.gate_up_weight[ffn:])
+        else:
+            gate, up = F.linear(normed, self.gate_up_weight).chunk(2, dim=-1)
         return hidden + F.linear(F.silu(gate) * up, self.down_weight)
