@@ -182,3 +182,20 @@ def test_the_benchmark_against_transformers_reports_every_cell():
         assert cell["ours_s"] > 0 and cell["transformers_s"] > 0
         assert cell["ratio"] == pytest.approx(cell["transformers_s"] / cell["ours_s"])
     assert result["model_param_bytes"] > 500 << 20  # 135M fp32 weights, the head shared
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_the_real_model_in_bf16_on_cuda_agrees_with_fp32(model, reference, tokenizer):
+    """On a GPU the checkpoint loads in bf16 (fp16 where bf16 is missing): the first-position
+    distribution stays close to transformers' fp32 one, and the answer is the real one."""
+    gpu = build_model(MODEL)
+    assert gpu.device.type == "cuda" and gpu.dtype in (torch.bfloat16, torch.float16)
+    prompt = chat_prompt(tokenizer, CHATS[0])
+    ours, _ = gpu.full_prefill(torch.tensor(prompt))
+    with torch.no_grad():
+        theirs = reference(torch.tensor([prompt])).logits[0, -1]
+    ours_p, theirs_p = torch.softmax(ours.cpu(), -1), torch.softmax(theirs, -1)
+    assert (ours_p - theirs_p).abs().sum().item() < 0.1  # total variation, bf16 rounding
+    answer = tokenizer.decode(our_greedy(gpu, prompt, 16))
+    assert "Paris" in answer
