@@ -104,6 +104,28 @@ def test_log_probabilities_come_with_every_token_when_asked(served):
     assert b"".join(bytes(entry.bytes) for entry in content).decode() == text
 
 
+def test_echo_puts_the_prompt_before_the_completion(served):
+    url, _ = served
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key=API_KEY, max_retries=0)
+    prompt = "the quick brown fox"
+    plain = client.completions.create(model="tiny", prompt=prompt, max_tokens=3, temperature=0)
+    echoed = client.completions.create(
+        model="tiny", prompt=prompt, max_tokens=3, temperature=0, echo=True
+    )
+    assert echoed.choices[0].text == prompt + plain.choices[0].text
+    chunks = client.completions.create(
+        model="tiny", prompt=prompt, max_tokens=3, temperature=0, echo=True, stream=True
+    )
+    texts = [chunk.choices[0].text for chunk in chunks if chunk.choices]
+    assert texts[0] == prompt and "".join(texts) == echoed.choices[0].text
+    refused = httpx.post(
+        f"{url}/v1/completions",
+        json={"model": "tiny", "prompt": prompt, "echo": True, "logprobs": 1},
+        headers=AUTH,
+    )
+    assert refused.status_code == 422 and "echo with logprobs" in refused.text
+
+
 def test_native_token_ids_stream_as_sse_ending_with_done(served):
     url, _ = served
     body = {"token_ids": list(range(1, 80)), "max_tokens": 3, "stream": True}

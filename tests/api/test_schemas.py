@@ -80,7 +80,10 @@ def test_completion_prompt_forms(prompt: object, expected: object) -> None:
         ({"model": "tiny", "prompt": "x", "max_tokens": 0}, "max_tokens: Input should be greater"),
         ({"model": "tiny", "prompt": "x", "temperature": 3}, "temperature: Input should be less"),
         ({"model": "tiny", "prompt": "x", "n": 2}, "n: Input should be 1"),
-        ({"model": "tiny", "prompt": "x", "echo": True}, "echo is not supported"),
+        (
+            {"model": "tiny", "prompt": "x", "echo": True, "logprobs": 1},
+            "echo with logprobs is not supported",
+        ),
         ({"model": "tiny", "prompt": "x", "logprobs": 6}, "logprobs: Input should be less"),
         ({"model": "tiny", "prompt": "x", "logprobs": -1}, "logprobs: Input should be greater"),
         ({"model": "tiny", "prompt": "x", "stop": ["a"] * 5}, "at most 4 stop sequences, got 5"),

@@ -95,6 +95,8 @@ async def create_completion(
         async def events() -> AsyncIterator[bytes]:
             text_stream = _TextStream(served, stream, prepared.stop)
             cursor = _cursor(served, stream)
+            if prepared.echo_text:
+                yield sse_event(completion_chunk(**ids, text=prepared.echo_text))
             async for text in text_stream.deltas():
                 logprobs = cursor.completion(text_stream.num_tokens)
                 yield sse_event(completion_chunk(**ids, text=text, logprobs=logprobs))
@@ -129,7 +131,7 @@ async def create_completion(
     reason, tokens = _finish_reason(text_stream.stop, stream), stream.tokens
     return completion_response(
         **ids,
-        text=text,
+        text=prepared.echo_text + text,
         finish_reason=reason,
         usage=usage(prepared.num_input_tokens, len(tokens)),
         logprobs=_cursor(served, stream).completion(text_stream.num_tokens),

@@ -104,6 +104,7 @@ class PreparedRequest:
     ttft_slo_s: float | None
     tbt_slo_s: float | None
     logprobs: int | None = None  # None: none asked for; else alternatives per token
+    echo_text: str = ""  # completions with `echo`: the prompt's text, sent first
 
     @property
     def num_input_tokens(self) -> int:
@@ -129,6 +130,10 @@ def prepare_completion(
         token_ids = _as_ids(tokenizer.encode(body.prompt))
     else:
         token_ids = _checked_ids(body.prompt, limits, param="prompt")
+    echo_text = ""
+    if body.echo:
+        prompt = body.prompt
+        echo_text = prompt if isinstance(prompt, str) else tokenizer.decode(token_ids.tolist())
     return _prepared(
         model,
         token_ids,
@@ -141,6 +146,7 @@ def prepare_completion(
         seed=body.seed,
         stop=body.stop_sequences,
         logprobs=body.logprobs,
+        echo_text=echo_text,
     )
 
 
@@ -217,6 +223,7 @@ def _prepared(
     ttft_slo_s: float | None = None,
     tbt_slo_s: float | None = None,
     logprobs: int | None = None,
+    echo_text: str = "",
 ) -> PreparedRequest:
     if len(token_ids) == 0:
         raise InvalidRequest("the prompt has no tokens", param=prompt_param)
@@ -242,6 +249,7 @@ def _prepared(
         ttft_slo_s=ttft_slo_s,
         tbt_slo_s=tbt_slo_s,
         logprobs=logprobs,
+        echo_text=echo_text,
     )
 
 

@@ -7,9 +7,10 @@ OpenAI fields and ignore them: `top_p`, `presence_penalty`, `frequency_penalty`,
 `tool_choice` none or auto (what many client libraries send by default), and the
 `developer` role (served as system). Log-probabilities are real (the model's log-softmax at
 each generated token, before temperature): `logprobs` (0-5 alternatives) on completions,
-`logprobs` and `top_logprobs` (0-20) on chat. `n` and `best_of` are accepted only as 1,
-`echo` only as false and `suffix` only as null: other values are refused with a message that
-says what is not supported.
+`logprobs` and `top_logprobs` (0-20) on chat. `echo` puts the prompt before the completion
+(not with `logprobs`: the prompt's own are not computed). `n` and `best_of` are accepted only
+as 1 and `suffix` only as null: other values are refused with a message that says what is not
+supported.
 """
 
 from typing import Annotated, Literal
@@ -83,12 +84,14 @@ class CompletionRequest(_SamplingFields):
     logprobs: int | None = Field(default=None, ge=0, le=MAX_COMPLETION_LOGPROBS)
     suffix: None = None
 
-    @field_validator("echo")
-    @classmethod
-    def _no_echo(cls, echo: bool) -> bool:
-        if echo:
-            raise ValueError("echo is not supported: the prompt is not returned")
-        return echo
+    @model_validator(mode="after")
+    def _echo_without_logprobs(self) -> "CompletionRequest":
+        if self.echo and self.logprobs is not None:
+            raise ValueError(
+                "echo with logprobs is not supported: the prompt's log-probabilities are not "
+                "computed (the prefill keeps the last position's only)"
+            )
+        return self
 
     @field_validator("prompt", mode="before")
     @classmethod
