@@ -6,6 +6,7 @@ It decides nothing itself; the one local decision, a decode instance's check on 
 is the policy's `check_decode_arrival`.
 """
 
+from collections import defaultdict
 from collections.abc import Generator, Sequence
 from typing import Any
 
@@ -61,6 +62,8 @@ class TwinCluster(EffectHandler):
         self.recorder = Recorder()
         self._arrivals: dict[str, ev.RequestArrived] = {}
         self._jobs: dict[str, PrefillJob] = {}
+        # When the last dispatch to each prefill instance reaches it (dispatches keep order).
+        self._last_reach_s: dict[PrefillInstance, float] = defaultdict(float)
         self._num_requests = 0
         self._all_done = self.env.event()
         # Instances of a live profile measured on one host crowd its cores as live did.
@@ -224,9 +227,14 @@ class TwinCluster(EffectHandler):
         job = PrefillJob(dispatch.request_id, arrival.num_input_tokens, keys, plan, source)
         self._jobs[dispatch.request_id] = job
         instance = self.prefill[dispatch.instance_id]
-        dispatch_s = self.timing.dispatch_delay_s()
-        if dispatch_s > 0:  # the serving path's way to the agent (a live profile measures it)
-            self.env.process(self._submit_after(instance, job, dispatch_s))
+        # The serving path's way to the agent (a live profile measures it). It is one path:
+        # a request does not overtake one dispatched before it to the same instance, so a
+        # burst of arrivals reaches the agent as a burst, in order, as live.
+        now_s = self.env.now
+        reaches_s = max(now_s + self.timing.dispatch_delay_s(), self._last_reach_s[instance])
+        self._last_reach_s[instance] = reaches_s
+        if reaches_s > now_s:
+            self.env.process(self._submit_after(instance, job, reaches_s - now_s))
         else:
             instance.submit(job)
 

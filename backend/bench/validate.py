@@ -56,10 +56,16 @@ class ValidateSettings:
     # Live runs per config: one run's figures move between runs of the same config (at
     # speed 8 here TTFT p50 1.26 s and 1.94 s), so metrics compare medians over repeats.
     repeats: int = 1
+    # Twin runs per prediction, each with its own seed for the drawn durations and delays
+    # (twin/spread.py): one seed's TTFT p50 moves by about 5 % from the next, so the
+    # prediction is each metric's median over the seeds.
+    twin_seeds: int = 5
 
     def __post_init__(self) -> None:
         if self.repeats < 1:
             raise ValueError(f"--repeats must be at least 1, got {self.repeats}")
+        if self.twin_seeds < 1:
+            raise ValueError(f"--twin-seeds must be at least 1, got {self.twin_seeds}")
 
 
 def parse_changes(text: str) -> list[dict[str, Any]]:
@@ -243,9 +249,12 @@ def _get_text(base_url: str, path: str, api_key: str) -> str:
 
 
 # -- the twin's prediction -------------------------------------------------------------------
-def predict(live: Mapping[str, Any], block_size: int, work_dir: Path) -> dict[str, Any]:
+def predict(
+    live: Mapping[str, Any], block_size: int, work_dir: Path, *, seeds: int = 1
+) -> dict[str, Any]:
     """The twin's report of the measured window on the live profile of the end of warm-up,
-    after replaying the warm-up (its requests are not reported)."""
+    after replaying the warm-up (its requests are not reported); with `seeds` > 1, the
+    median report of that many seeds (`median_report`)."""
     from twin.config import TwinConfig
     from twin.run import simulate
 
@@ -265,7 +274,33 @@ def predict(live: Mapping[str, Any], block_size: int, work_dir: Path) -> dict[st
     if config.block_size != block_size:
         raise ValueError(f"the Conductor ran block size {config.block_size}, not {block_size}")
     measure_from_s = (live["window_from_ms"] - rows[0].timestamp_ms) / 1000.0
-    return simulate(config, rows, trace_label="recorded window", measure_from_s=measure_from_s)
+    reports = [
+        simulate(
+            config.with_changes(seed=config.seed + seed),
+            rows,
+            trace_label="recorded window",
+            measure_from_s=measure_from_s,
+        )
+        for seed in range(seeds)
+    ]
+    return median_report(reports)
+
+
+def median_report(reports: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """One report of several twin runs of one window: each fidelity metric is the median
+    over the runs (listed in `seed_runs`); the rest (requests, series, plots' data) is the
+    run whose mean TTFT lies nearest that median, so it stays one coherent run."""
+    if len(reports) == 1:
+        return dict(reports[0])
+    medians = {name: _median([r.get(name) for r in reports]) for name in FIDELITY_METRICS}
+    center = medians["ttft_mean_s"]
+    nearest = min(
+        reports,
+        key=lambda r: abs((r.get("ttft_mean_s") or 0.0) - center) if center is not None else 0,
+    )
+    combined = {**nearest, **medians}
+    combined["seed_runs"] = {name: [r.get(name) for r in reports] for name in FIDELITY_METRICS}
+    return combined
 
 
 def _rows(text: str, block_size: int, work_dir: Path) -> list[TraceRow]:
@@ -375,7 +410,7 @@ def validate(
                 work_dir = Path(folder) / f"config-{index}" / f"run-{run}"
                 live = run_live(settings, change, work_dir, status)
                 status("predicting the window with the twin")
-                twin = predict(live, settings.block_size, work_dir)
+                twin = predict(live, settings.block_size, work_dir, seeds=settings.twin_seeds)
                 if not live["report"].get("num_completed"):
                     raise ValueError(
                         f"change {json.dumps(change)}: no request completed in the measured "

@@ -380,6 +380,13 @@ def validate_command(
         "metrics compare the medians, and with N > 1 the JSON lists every run's figures and "
         "whether the twin lies within live's spread.",
     ),
+    twin_seeds: str = typer.Option(
+        "5",
+        "--twin-seeds",
+        metavar="N",
+        help="Twin runs per prediction, one seed each for its drawn durations and delays; "
+        "each metric's prediction is their median (one seed's TTFT moves about 5 %).",
+    ),
     out: Path | None = typer.Option(
         None, "--out", help="Folder for result.json, the raw reports and validate.html."
     ),
@@ -416,6 +423,7 @@ def validate_command(
             ttft_slo_s=ttft_slo_s,
             tbt_slo_s=tbt_slo_s,
             repeats=_integer("--repeats", repeats),
+            twin_seeds=_integer("--twin-seeds", twin_seeds),
         )
     num_runs = len(parsed) * settings.repeats
     with _progress(counts_runs=True) as progress:

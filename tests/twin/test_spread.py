@@ -75,3 +75,27 @@ def test_a_live_profile_runs_in_the_twin_with_its_spread(tmp_path) -> None:
     assert len(steps) > 10  # each step drawn, not one constant
     # The policy's beliefs never carry the spread: stripped before the profiling sweep.
     assert policy_cost_model(timing) == policy_cost_model(load_timing(str(path), seed=9))
+
+
+def test_a_burst_reaches_its_prefill_instance_in_order(tmp_path) -> None:
+    """The serving path to an agent is one path: each request draws its dispatch delay, but
+    none overtakes one dispatched before it, so a burst arrives as a burst, in order (drawn
+    independently, the delays would spread and reorder it and hide its queueing)."""
+    from backend.traces.loader import TraceRow
+    from twin.config import TwinConfig
+    from twin.run import simulate
+
+    agents = [
+        Join(0, "p0", "prefill", "", "", "tcp", "tiny", 16, 10**6, 10**9, 0),
+        Join(0, "d0", "decode", "", "", "tcp", "tiny", 16, 5 * 10**5, 10**9, 0),
+    ]
+    profile = live_profile(_calibrator(), agents)
+    profile["spread"]["first_token_s"] = [0.0] * len(profile["spread"]["first_token_s"])
+    path = tmp_path / "live.json"
+    path.write_text(json.dumps(profile))
+    rows = [TraceRow(0, 200 + 37 * i, 4, (), i + 1) for i in range(12)]  # all at once
+    config = TwinConfig(num_prefill=1, num_decode=1, profile=str(path), rejection="none")
+    report = simulate(config, rows)
+    by_arrival = sorted(report["requests"], key=lambda r: int(r["id"][1:]))
+    first_tokens = [r["arrival_s"] + r["ttft_s"] for r in by_arrival]
+    assert first_tokens == sorted(first_tokens)  # one instance, in order: first come first

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from backend.bench.validate import compare_runs
+from backend.bench.validate import compare_runs, median_report
 
 KVCENTRIC = str(Path(sys.executable).parent / "kvcentric")
 
@@ -63,6 +63,22 @@ def test_repeated_runs_compare_medians_and_say_whether_the_twin_is_within_live_s
     assert (rejected["live"], rejected["twin"]) == (90, 200) and not rejected["within_live_spread"]
     # One run: the documented shape, nothing more.
     assert set(compare_runs(lives[:1], twins[:1])["ttft_p50_s"]) == {"live", "twin", "rel_err"}
+
+
+def test_the_twins_seeds_are_combined_metric_by_metric() -> None:
+    runs = [
+        {"ttft_mean_s": 0.30, "ttft_p50_s": 0.20, "cache_hit_ratio": 0.22, "requests": ["a"]},
+        {"ttft_mean_s": 0.25, "ttft_p50_s": 0.24, "cache_hit_ratio": 0.20, "requests": ["b"]},
+        {"ttft_mean_s": 0.27, "ttft_p50_s": 0.18, "cache_hit_ratio": 0.20, "requests": ["c"]},
+    ]
+    combined = median_report(runs)
+    assert (combined["ttft_mean_s"], combined["ttft_p50_s"]) == (0.27, 0.20)
+    assert combined["cache_hit_ratio"] == 0.20  # two seeds of three: the majority's
+    assert combined["requests"] == ["c"]  # the run whose mean TTFT is the median's
+    assert combined["seed_runs"]["ttft_p50_s"] == [0.20, 0.24, 0.18]
+    assert median_report(runs[:1]) == runs[0]
+    result = run("--minutes", "0:1", "--twin-seeds", "0", timeout_s=60)
+    assert result.returncode == 2 and "--twin-seeds must be at least 1" in result.stderr
 
 
 def test_an_slo_must_be_a_positive_number_of_seconds() -> None:
