@@ -52,19 +52,25 @@ def _settled_report(stack, num_sent: int) -> dict:
         time.sleep(0.5)
 
 
+def _two_prefill_stack(tmp_path: Path, net: VirtualHosts):
+    """The Conductor on the first host, 2 prefill agents and 1 decode agent on the others;
+    at threshold 1 a prefill agent fetches any longer prefix the other holds."""
+    return start_local_stack(
+        tmp_path,
+        num_prefill=2,
+        num_decode=1,
+        block_size=16,
+        profile="tiny-cpu",
+        env={"KVC_KVCACHE_BALANCING_THRESHOLD": "1"},
+        hosts=net.hosts,
+    )
+
+
 def test_a_replay_across_namespaces_ends_every_request_and_fetches_between_agents(
     tmp_path,
 ) -> None:
     with VirtualHosts(4, tag=_tag()) as net:
-        stack = start_local_stack(
-            tmp_path,
-            num_prefill=2,
-            num_decode=1,
-            block_size=16,
-            profile="tiny-cpu",
-            env={"KVC_KVCACHE_BALANCING_THRESHOLD": "1"},  # fetch any longer prefix
-            hosts=net.hosts,
-        )
+        stack = _two_prefill_stack(tmp_path, net)
         try:
             agents = get_json(f"{stack.base_url}/v1/agents", stack.api_key)
             assert isinstance(agents, list) and len(agents) == 3
@@ -91,15 +97,7 @@ def test_the_conductor_believes_each_link_as_fast_as_its_fetches(tmp_path) -> No
     slow (GET /v1/links, which routing's transfer branch uses: tests/policy/test_links.py
     shows a slow pair fetched from less)."""
     with VirtualHosts(4, tag=_tag()) as net:
-        stack = start_local_stack(
-            tmp_path,
-            num_prefill=2,
-            num_decode=1,
-            block_size=16,
-            profile="tiny-cpu",
-            env={"KVC_KVCACHE_BALANCING_THRESHOLD": "1"},  # fetch any longer prefix
-            hosts=net.hosts,
-        )
+        stack = _two_prefill_stack(tmp_path, net)
         try:
             agents = get_json(f"{stack.base_url}/v1/agents", stack.api_key)
             assert isinstance(agents, list)

@@ -310,9 +310,15 @@ def completion_response(
     usage: Usage,
     logprobs: CompletionLogprobs | None = None,
 ) -> CompletionResponse:
-    choice = CompletionChoice(text=text, finish_reason=finish_reason, logprobs=logprobs)
-    return CompletionResponse(
-        id=request_id, created=created, model=model, choices=[choice], usage=usage
+    """The whole answer: the last streamed chunk's shape, with its finish reason and usage."""
+    return completion_chunk(
+        request_id=request_id,
+        model=model,
+        created=created,
+        text=text,
+        finish_reason=finish_reason,
+        usage=usage,
+        logprobs=logprobs,
     )
 
 
