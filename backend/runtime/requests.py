@@ -1,10 +1,12 @@
 """One submitted request as its caller sees it: streamed tokens, then one terminal outcome."""
 
+import asyncio
+import contextlib
 import itertools
 import math
 import queue
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -76,10 +78,39 @@ class RequestStream:
     num_retries: int = 0  # dispatches placed again after a hand-off failed (at most one)
     _queue: "queue.Queue[object]" = field(default_factory=queue.Queue)
     _done: threading.Event = field(default_factory=threading.Event)
+    _wake: Callable[[], None] | None = None  # an async reader's, see __aiter__
 
     def __iter__(self) -> Iterator[int]:
+        """The tokens, blocking this thread between them (one reader, sync or async)."""
         while (item := self._queue.get()) is not _END:
             yield item  # type: ignore[misc]
+
+    async def __aiter__(self) -> AsyncIterator[int]:
+        """The tokens, on the caller's event loop without a thread: the writer wakes the
+        loop after each put (one reader, sync or async)."""
+        loop = asyncio.get_running_loop()
+        ready = asyncio.Event()
+        self._wake = lambda: loop.call_soon_threadsafe(ready.set)
+        try:
+            while True:
+                ready.clear()
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    await ready.wait()
+                    continue
+                if item is _END:
+                    return
+                yield item  # type: ignore[misc]
+        finally:
+            self._wake = None
+
+    def _put(self, item: object) -> None:
+        self._queue.put(item)
+        wake = self._wake
+        if wake is not None:
+            with contextlib.suppress(RuntimeError):  # the reader's loop has closed
+                wake()
 
     def result(self, timeout_s: float | None = None) -> RequestOutcome:
         """Wait for the terminal outcome; TimeoutError if it has not come in `timeout_s`."""
@@ -97,7 +128,7 @@ class RequestStream:
             self.logprobs.append(logprob)
         self.tokens.append(token)
         self.token_times_s.append(now_s)
-        self._queue.put(token)
+        self._put(token)
         if self.on_token is not None:
             self.on_token(token)
 
@@ -112,5 +143,5 @@ class RequestStream:
 
     def close(self) -> None:
         """Called once, after `outcome` is set."""
-        self._queue.put(_END)
+        self._put(_END)
         self._done.set()

@@ -8,7 +8,6 @@ so metrics are right even when the client goes away mid-stream.
 
 import asyncio
 import contextlib
-import threading
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -39,7 +38,6 @@ DEFAULT_MAX_INPUT_TOKENS = 4096
 DEFAULT_MAX_OUTPUT_TOKENS = 1024
 VOCAB_SIZE = 32_000  # the agents' model presets
 
-_END = object()
 DISCONNECT_POLL_S = 0.25  # how often a whole answer's wait checks that its client is there
 
 
@@ -199,27 +197,17 @@ def record_outcome(metrics: ConductorMetrics, stream: RequestStream) -> None:
 
 
 async def relay(served: Served, stream: RequestStream) -> AsyncIterator[int]:
-    """The stream's tokens, read by a thread so the event loop never blocks; the outcome is
-    set (and recorded) when this ends. Left before the end (the client went away: the
-    server cancels the task that iterates this), the request is cancelled."""
-    loop = asyncio.get_running_loop()
-    tokens: asyncio.Queue[object] = asyncio.Queue()
-
-    def pump() -> None:
-        try:
-            for token in stream:
-                loop.call_soon_threadsafe(tokens.put_nowait, token)
-            record_outcome(served.metrics, stream)
-        finally:
-            loop.call_soon_threadsafe(tokens.put_nowait, _END)
-
-    threading.Thread(target=pump, name=f"relay-{stream.request_id}", daemon=True).start()
+    """The stream's tokens, on the event loop (no thread per request); the outcome is set
+    (and recorded) when this ends. Left before the end (the client went away: the server
+    cancels the task that iterates this), the request is cancelled."""
     try:
-        while (token := await tokens.get()) is not _END:
-            yield token  # type: ignore[misc]
+        async for token in stream:
+            yield token
     finally:
         if not stream.is_finished:
             served.runtime.cancel(stream.request_id, "client_disconnected")
+        if stream.is_finished:
+            record_outcome(served.metrics, stream)
 
 
 async def until_disconnected(served: Served, stream: RequestStream, request: Request) -> None:
