@@ -27,6 +27,7 @@ and its rejection recorded (`num_recorded_rejected_early`).
 """
 
 import asyncio
+import contextlib
 import datetime
 import json
 import math
@@ -38,7 +39,7 @@ import subprocess
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -241,11 +242,14 @@ def process_rss_mib(pid: int) -> float:
     return 0.0
 
 
-def _is_early_rejection(response: httpx.Response) -> bool:
-    if response.status_code != 429:
-        return False
+def is_early_rejection(response: httpx.Response) -> bool:
+    return response.status_code == 429 and is_early_rejection_body(response.content)
+
+
+def is_early_rejection_body(body: bytes) -> bool:
+    """A 429's body says it was refused at admission, with a reason."""
     try:
-        error = response.json()["error"]
+        error = json.loads(body)["error"]
     except (ValueError, KeyError, TypeError):
         return False
     return error.get("stage") == "admission" and bool(error.get("reason"))
@@ -285,7 +289,7 @@ async def drive(
                 response.read()
             except httpx.HTTPError as error:
                 return f"error:{type(error).__name__}", False
-            return str(response.status_code), _is_early_rejection(response)
+            return str(response.status_code), is_early_rejection(response)
 
         async def worker(until: float, record: bool) -> None:
             while (start := time.perf_counter()) < until:
@@ -416,6 +420,125 @@ def _recorded_outcomes(database_url: str) -> dict[str, int]:
     return {"num_recorded_requests": int(total or 0), "num_recorded_rejected_early": int(rejected)}
 
 
+@dataclass
+class BenchStack:
+    """A running stack of the benchmark's own: where to reach it and what to measure."""
+
+    base_url: str
+    api_key: str
+    admin_token: str
+    data_dir: Path
+    database_url: str
+    server_pid: int
+    agent_pids: list[int]
+    children: list[Child]
+    # Read back from the database once the stack stopped (`_recorded_outcomes`).
+    recorded: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def user_headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}", "Content-Type": "application/json"}
+
+
+@contextlib.contextmanager
+def bench_stack(
+    *,
+    num_prefill: int,
+    num_decode: int,
+    log_level: str,
+    profile: str | None,
+    keep_dir: Path | None,
+    on_status: Callable[[str], None],
+    settings: dict[str, str] | None = None,
+    agent_cpus: str | None = None,
+) -> Iterator[BenchStack]:
+    """Start `kvcentric conductor` (SQLite in a scratch directory) and tiny agents as
+    `kvcentric up` does, wait until they joined; stop them on exit and read back what the
+    database recorded. `settings`: more KVC_* variables for the Conductor and agents;
+    `agent_cpus`: a CPU list (taskset's, e.g. "1") the agents are pinned to, leaving the
+    other cores to the Conductor and the clients, as if the agents ran on hosts of their
+    own. Raises ChildFailed when the stack does not start."""
+    if agent_cpus and shutil.which("taskset") is None:
+        raise ValueError("--agent-cpus needs taskset on the PATH (Debian: util-linux)")
+    with tempfile.TemporaryDirectory(prefix="kvc-bench-admission-") as scratch:
+        data_dir = keep_dir or Path(scratch)
+        logs = data_dir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        api_key = secrets.token_urlsafe(SECRET_BYTES)
+        admin_token = secrets.token_urlsafe(SECRET_BYTES)
+        from backend.settings import ConductorSettings
+
+        block_size = str(ConductorSettings.model_fields["block_size"].default)
+        database_url = f"sqlite:///{(data_dir / 'kvcentric.db').resolve()}"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("KVC_")}
+        env.update(
+            {
+                "KVC_API_KEYS": f"bench:{api_key}",
+                "KVC_ADMIN_TOKEN": admin_token,
+                "KVC_AGENT_SECRET": secrets.token_urlsafe(SECRET_BYTES),
+                "KVC_DATA_DIR": str(data_dir),
+                "KVC_DATABASE_URL": database_url,
+                "KVC_BLOCK_SIZE": block_size,
+                "KVC_LOG_LEVEL": log_level,
+                **(settings or {}),
+            }
+        )
+        port, grpc_port = free_port("127.0.0.1"), free_port("127.0.0.1")
+        base_url = f"http://127.0.0.1:{port}"
+        children: list[Child] = []
+        try:
+            on_status(f"starting the conductor on {base_url} (SQLite under {data_dir})")
+            conductor_args = [
+                KVCENTRIC, "conductor", "--host", "127.0.0.1", "--port", str(port),
+                "--grpc-host", "127.0.0.1", "--grpc-port", str(grpc_port),
+            ]  # fmt: skip
+            if profile is not None:
+                conductor_args += ["--profile", str(profile)]
+            conductor = Child(
+                "conductor", conductor_args, env, logs / "conductor.log", stdout_pipe=False
+            )
+            children.append(conductor)
+            wait_for("the conductor's /healthz", lambda: get_json(f"{base_url}/healthz"), children)
+            roles = ["prefill"] * num_prefill + ["decode"] * num_decode
+            on_status(f"starting {num_prefill} prefill + {num_decode} decode tiny agents")
+            for index, role in enumerate(roles):
+                pinned = ["taskset", "-c", agent_cpus] if agent_cpus else []
+                agent_args = [
+                    *pinned, KVCENTRIC, "agent", "--role", role, "--listen", "127.0.0.1:0",
+                    "--data-listen", "127.0.0.1:0", "--preset", "tiny",
+                    "--instance-id", f"{role}-{index}", "--block-size", block_size,
+                    "--conductor", f"127.0.0.1:{grpc_port}",
+                ]  # fmt: skip
+                if profile is not None:
+                    agent_args += ["--profile", str(profile_path(profile))]
+                log = logs / f"agent-{role}-{index}.log"
+                children.append(
+                    Child(f"agent {role}-{index}", agent_args, env, log, stdout_pipe=False)
+                )
+
+            def joined() -> bool:
+                agents = get_json(f"{base_url}/v1/agents", api_key)
+                return isinstance(agents, list) and len(agents) >= len(roles)
+
+            wait_for(f"{len(roles)} agents to join", joined, children)
+            stack = BenchStack(
+                base_url=base_url,
+                api_key=api_key,
+                admin_token=admin_token,
+                data_dir=data_dir,
+                database_url=database_url,
+                server_pid=conductor.process.pid,
+                agent_pids=[child.process.pid for child in children[1:]],
+                children=children,
+            )
+            yield stack
+            for child in children:
+                child.check_alive()
+        finally:
+            stop_stack(None, children)
+        stack.recorded = _recorded_outcomes(database_url)
+
+
 def run_admission_bench(
     *,
     duration_s: float = 10.0,
@@ -448,102 +571,43 @@ def run_admission_bench(
     idle_prefill_s = cost.prefill_time_s(num_tokens, 0)
     ttft_slo_s = idle_prefill_s * SLO_FRACTION
     machine = machine_info()
-    with tempfile.TemporaryDirectory(prefix="kvc-bench-admission-") as scratch:
-        data_dir = keep_dir or Path(scratch)
-        logs = data_dir / "logs"
-        logs.mkdir(parents=True, exist_ok=True)
-        api_key = secrets.token_urlsafe(SECRET_BYTES)
-        admin_token = secrets.token_urlsafe(SECRET_BYTES)
-        from backend.settings import ConductorSettings
-
-        block_size = str(ConductorSettings.model_fields["block_size"].default)
-        database_url = f"sqlite:///{(data_dir / 'kvcentric.db').resolve()}"
-        env = {k: v for k, v in os.environ.items() if not k.startswith("KVC_")}
-        env.update(
-            {
-                "KVC_API_KEYS": f"bench:{api_key}",
-                "KVC_ADMIN_TOKEN": admin_token,
-                "KVC_AGENT_SECRET": secrets.token_urlsafe(SECRET_BYTES),
-                "KVC_DATA_DIR": str(data_dir),
-                "KVC_DATABASE_URL": database_url,
-                "KVC_BLOCK_SIZE": block_size,
-                "KVC_LOG_LEVEL": log_level,
-            }
+    with bench_stack(
+        num_prefill=num_prefill,
+        num_decode=num_decode,
+        log_level=log_level,
+        profile=profile,
+        keep_dir=keep_dir,
+        on_status=on_status,
+    ) as stack:
+        overload = _overload(stack.base_url, stack.admin_token, ttft_slo_s)
+        on_status(
+            f"overload: TTFT SLO {ttft_slo_s * 1000:.2f} ms, a tenth of the "
+            f"{idle_prefill_s * 1000:.1f} ms the cost model predicts for a "
+            f"{num_tokens}-token prefill on an idle instance"
         )
-        port, grpc_port = free_port("127.0.0.1"), free_port("127.0.0.1")
-        base_url = f"http://127.0.0.1:{port}"
-        children: list[Child] = []
-        try:
-            on_status(f"starting the conductor on {base_url} (SQLite under {data_dir})")
-            conductor_args = [
-                KVCENTRIC, "conductor", "--host", "127.0.0.1", "--port", str(port),
-                "--grpc-host", "127.0.0.1", "--grpc-port", str(grpc_port),
-            ]  # fmt: skip
-            if profile is not None:
-                conductor_args += ["--profile", str(profile)]
-            conductor = Child(
-                "conductor", conductor_args, env, logs / "conductor.log", stdout_pipe=False
-            )
-            children.append(conductor)
-            wait_for("the conductor's /healthz", lambda: get_json(f"{base_url}/healthz"), children)
-            roles = ["prefill"] * num_prefill + ["decode"] * num_decode
-            on_status(f"starting {num_prefill} prefill + {num_decode} decode tiny agents")
-            for index, role in enumerate(roles):
-                agent_args = [
-                    KVCENTRIC, "agent", "--role", role, "--listen", "127.0.0.1:0",
-                    "--data-listen", "127.0.0.1:0", "--preset", "tiny",
-                    "--instance-id", f"{role}-{index}", "--block-size", block_size,
-                    "--conductor", f"127.0.0.1:{grpc_port}",
-                ]  # fmt: skip
-                if profile is not None:
-                    agent_args += ["--profile", str(profile_path(profile))]
-                log = logs / f"agent-{role}-{index}.log"
-                children.append(
-                    Child(f"agent {role}-{index}", agent_args, env, log, stdout_pipe=False)
-                )
+        on_status(f"measuring {ENDPOINTS[endpoint]} for {duration_s:g} s x {concurrency}")
 
-            def joined() -> bool:
-                agents = get_json(f"{base_url}/v1/agents", api_key)
-                return isinstance(agents, list) and len(agents) >= len(roles)
+        def measure(method: str, path: str, **kwargs: Any) -> Phase:
+            common = {
+                "method": method,
+                "path": path,
+                "concurrency": concurrency,
+                "duration_s": duration_s,
+                "server_pid": stack.server_pid,
+                "agent_pids": stack.agent_pids,
+                **kwargs,
+            }
+            if client == "wrk":
+                return drive_wrk(stack.base_url, script_dir=stack.data_dir, **common)
+            return asyncio.run(drive(stack.base_url, **common))
 
-            wait_for(f"{len(roles)} agents to join", joined, children)
-            overload = _overload(base_url, admin_token, ttft_slo_s)
-            on_status(
-                f"overload: TTFT SLO {ttft_slo_s * 1000:.2f} ms, a tenth of the "
-                f"{idle_prefill_s * 1000:.1f} ms the cost model predicts for a "
-                f"{num_tokens}-token prefill on an idle instance"
-            )
-            user = {"Authorization": f"Bearer {api_key}", "Content-Type": "application/json"}
-            pid = conductor.process.pid
-            agent_pids = [child.process.pid for child in children[1:]]
-            on_status(f"measuring {ENDPOINTS[endpoint]} for {duration_s:g} s x {concurrency}")
-
-            def measure(method: str, path: str, **kwargs: Any) -> Phase:
-                common = {
-                    "method": method,
-                    "path": path,
-                    "concurrency": concurrency,
-                    "duration_s": duration_s,
-                    "server_pid": pid,
-                    "agent_pids": agent_pids,
-                    **kwargs,
-                }
-                if client == "wrk":
-                    return drive_wrk(base_url, script_dir=data_dir, **common)
-                return asyncio.run(drive(base_url, **common))
-
-            measured = measure(
-                "POST", ENDPOINTS[endpoint], bodies=bodies, headers=user, warmup_s=warmup_s
-            )
-            on_status(f"baseline: GET {HEALTH_PATH} for {duration_s:g} s x {concurrency}")
-            health = measure(
-                "GET", HEALTH_PATH, bodies=None, headers={}, warmup_s=min(warmup_s, 0.5)
-            )
-            for child in children:
-                child.check_alive()
-        finally:
-            stop_stack(None, children)
-        recorded = _recorded_outcomes(database_url)
+        measured = measure(
+            "POST", ENDPOINTS[endpoint], bodies=bodies, headers=stack.user_headers,
+            warmup_s=warmup_s,
+        )  # fmt: skip
+        on_status(f"baseline: GET {HEALTH_PATH} for {duration_s:g} s x {concurrency}")
+        health = measure("GET", HEALTH_PATH, bodies=None, headers={}, warmup_s=min(warmup_s, 0.5))
+    recorded = stack.recorded
     if (
         client == "wrk"
         and set(measured.statuses) == {"non-2xx"}

@@ -182,17 +182,58 @@ def admission(
         "thread: a fraction of the CPU per request, so hundreds of connections measure the "
         "server, not the client; the database says whether each was rejected early).",
     ),
+    load: str = typer.Option(
+        "rejected",
+        "--load",
+        help="rejected: a TTFT SLO no prefill can meet, clients send back to back, every "
+        "answer a 429 (the saturated rejection path). mixed: the cluster at its own SLOs "
+        "serves what it admits while closed-loop clients think --think-s between requests "
+        "and a prober times GET /healthz every 0.1 s (rejections while serving).",
+    ),
+    think_s: float = typer.Option(
+        1.0,
+        "--think-s",
+        min=0.001,
+        help="--load mixed: each client's mean pause between an answer and its next request "
+        "(drawn from 0.5x-1.5x).",
+    ),
+    agent_cpus: str | None = typer.Option(
+        None,
+        "--agent-cpus",
+        help="--load mixed: pin the agents to these CPUs (taskset's list, e.g. 1), leaving "
+        "the others to the Conductor and the clients, as if the agents had hosts of their "
+        "own. Default: everything shares every core.",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
 ) -> None:
-    """The admission path under overload: starts its own Conductor (SQLite) and tiny agents,
-    sets a TTFT SLO no prefill can meet, and posts requests from concurrent keep-alive
-    clients; every one must be rejected early (429, stage admission). Reports rps and
-    latency percentiles, and GET /healthz on the same client as the same-run baseline."""
+    """The admission path under overload: starts its own Conductor (SQLite) and tiny agents
+    and posts requests from concurrent keep-alive clients. --load rejected (the default) sets
+    a TTFT SLO no prefill can meet: every request must be rejected early (429, stage
+    admission); reports rps and latency percentiles, and GET /healthz on the same client as
+    the same-run baseline. --load mixed: the latency of 429s, served answers and /healthz
+    while the cluster also serves (e.g. --concurrency 200 --duration-s 20)."""
     from backend.bench.admission import ENDPOINTS, run_admission_bench
     from backend.cli.children import ChildFailed
 
     if endpoint not in ENDPOINTS:
         raise typer.BadParameter(f"choose one of {', '.join(ENDPOINTS)}", param_hint="--endpoint")
+    if load not in ("rejected", "mixed"):
+        raise typer.BadParameter("choose rejected or mixed", param_hint="--load")
+    if load == "mixed":
+        _mixed_load(
+            duration_s=duration_s,
+            concurrency=concurrency,
+            think_s=think_s,
+            num_prefill=num_prefill,
+            num_decode=num_decode,
+            endpoint=endpoint,
+            prompt_tokens=prompt_tokens,
+            warmup_s=warmup_s,
+            log_level=log_level,
+            agent_cpus=agent_cpus,
+            as_json=as_json,
+        )
+        return
     try:
         report = run_admission_bench(
             duration_s=duration_s,
@@ -221,3 +262,33 @@ def admission(
     shown["health p99_ms"] = report["health"]["p99_ms"]
     shown["cores_used"] = json.dumps(report["cores_used"])
     _print_table("admission path under overload", shown)
+
+
+def _mixed_load(*, as_json: bool, **options: Any) -> None:
+    """`bench admission --load mixed` (backend/bench/mixed_load.py)."""
+    from backend.bench.mixed_load import run_mixed_bench
+    from backend.cli.children import ChildFailed
+
+    try:
+        report = run_mixed_bench(
+            **options, on_status=lambda line: _stderr.print(line, highlight=False, soft_wrap=True)
+        )
+    except ValueError as error:
+        _stderr.print(f"[red]error:[/red] {error}", highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+    except ChildFailed as error:
+        _stderr.print(f"[red]error:[/red] {error}", highlight=False, soft_wrap=True)
+        raise typer.Exit(1) from None
+    if as_json:
+        typer.echo(json.dumps(report))
+        return
+    shown: dict[str, Any] = {}
+    for name in ("rejected_early", "served", "health"):
+        phase = report[name]
+        shown[f"{name}: count"] = phase["num_requests"]
+        shown[f"{name}: p50 / p90 / p99 ms"] = (
+            f"{phase['p50_ms']:.1f} / {phase['p90_ms']:.1f} / {phase['p99_ms']:.1f}"
+        )
+    shown["other statuses"] = json.dumps(report["other_statuses"])
+    shown["cores_used"] = json.dumps(report["cores_used"])
+    _print_table(f"{report['concurrency']} closed-loop clients, mixed load", shown)

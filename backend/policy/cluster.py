@@ -16,9 +16,25 @@ class RunningPrefill:
     predicted_s: float
 
 
+# How fast `pace` follows each measured prefill (an exponentially weighted mean), and the
+# bounds of the ratio one measurement may bring (a stalled call must not freeze admission).
+PACE_WEIGHT = 0.2
+MAX_PACE = 50.0
+
+
 @dataclass(slots=True)
 class PrefillState:
-    """One prefill instance: its queue in predicted seconds and its outgoing link."""
+    """One prefill instance: its queue in predicted seconds and its outgoing link.
+
+    `pace()` is how much longer than predicted this instance's prefills really take, from
+    start to finish as the driver reports them (an exponentially weighted mean of measured
+    over predicted seconds, never under 1): it covers what the cost model leaves out (cores
+    shared with other work, loading cached blocks, the KV hand-off, the calls) from one
+    prefill to the next, where calibration refits the model every few seconds. T_queue and
+    a new request's own prefill are scaled by it, so admission refuses a request that would
+    wait past its SLO behind prefills slower than believed. A driver whose prefills take
+    what the model predicts (the twin on its own profile) keeps a pace of 1.
+    """
 
     instance_id: str
     queued_s: dict[str, float] = field(default_factory=dict)
@@ -26,15 +42,28 @@ class PrefillState:
     total_queued_s: float = 0.0
     link_busy_until_s: float = 0.0
     draining: bool = False  # takes no new requests
+    measured_pace: float = 1.0  # the weighted mean of measured / predicted; see `pace()`
+    num_paced: int = 0  # prefills measured into it
+
+    def pace(self, now_s: float) -> float:
+        """Measured over predicted prefill time, never under 1: the weighted mean of the
+        finished ones, or more while a running prefill is already over its prediction by
+        more (the first burst after a start must not wait for a prefill to finish)."""
+        pace = max(1.0, self.measured_pace)
+        for run in self.running.values():
+            if run.predicted_s > 0:
+                pace = max(pace, min(MAX_PACE, (now_s - run.started_s) / run.predicted_s))
+        return pace
 
     def queue_s(self, now_s: float) -> float:
-        """T_queue: predicted seconds of queued prefills plus what running ones have left."""
+        """T_queue: seconds of queued prefills plus what running ones have left, at `pace`."""
+        pace = self.pace(now_s)
         remaining = 0.0
         for run in self.running.values():
-            left = run.started_s + run.predicted_s - now_s
+            left = run.started_s + run.predicted_s * pace - now_s
             if left > 0:
                 remaining += left
-        return self.total_queued_s + remaining
+        return self.total_queued_s * pace + remaining
 
     def link_backlog_s(self, now_s: float) -> float:
         """Seconds of transfers already committed on this instance's outgoing link."""
@@ -55,9 +84,21 @@ class PrefillState:
             self.total_queued_s = self.total_queued_s - predicted_s if self.queued_s else 0.0
         return predicted_s
 
-    def finish(self, request_id: str) -> None:
-        if self.running.pop(request_id, None) is None:
+    def finish(self, request_id: str, now_s: float | None = None) -> None:
+        """The prefill ended; `now_s` when it completed (it then updates `pace`), None
+        when it was dropped."""
+        run = self.running.pop(request_id, None)
+        if run is None:
             self.dequeue(request_id)
+            return
+        if now_s is not None and run.predicted_s > 0:
+            # Rounded: a prefill that took its prediction (the twin) leaves the pace at 1.0
+            # exactly, not off by the float error of now - started.
+            ratio = round(min(MAX_PACE, max(0.0, now_s - run.started_s) / run.predicted_s), 6)
+            # The plain mean of the first few, then the weighted one: no prior to forget.
+            weight = max(PACE_WEIGHT, 1.0 / (self.num_paced + 1))
+            self.measured_pace += weight * (ratio - self.measured_pace)
+            self.num_paced += 1
 
     def request_ids(self) -> list[str]:
         return [*self.queued_s, *self.running]

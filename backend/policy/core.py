@@ -187,7 +187,9 @@ class ConductorCore:
                 ),
             )
         candidates = [
-            PrefillCandidate(pid, state.queue_s(now_s), state.link_backlog_s(now_s))
+            PrefillCandidate(
+                pid, state.queue_s(now_s), state.link_backlog_s(now_s), state.pace(now_s)
+            )
             for pid, state in prefill.items()
         ]
         prefix_blocks = self.index.prefix_blocks(event.block_keys, prefill)
@@ -313,7 +315,7 @@ class ConductorCore:
         admitted = self._requests.get(event.request_id)
         if admitted is None or admitted.prefill_instance_id != event.instance_id:
             return NO_EFFECTS
-        self.prefill[event.instance_id].finish(event.request_id)
+        self.prefill[event.instance_id].finish(event.request_id, event.now_s)
         admitted.prefill_instance_id = None
         admitted.phase = "to_decode"
         decode_state = self.decode[admitted.decode_instance_id]

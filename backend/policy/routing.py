@@ -27,6 +27,7 @@ class PrefillCandidate(NamedTuple):
     instance_id: str
     queue_s: float
     link_backlog_s: float
+    pace: float = 1.0  # measured over predicted prefill time (PrefillState.pace)
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +97,7 @@ def estimate_ttfts(
                 queue_s=candidate.queue_s,
                 transfer_s=transfer_s,
                 prefill_s=prefill_s,
-                ttft_s=candidate.queue_s + transfer_s + prefill_s,
+                ttft_s=candidate.queue_s + candidate.pace * (transfer_s + prefill_s),
                 uses_transfer=fetches,
             )
         )

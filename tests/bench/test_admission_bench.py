@@ -84,3 +84,20 @@ def test_a_missing_or_unknown_client_is_one_error_line() -> None:
     result = runner.invoke(app, ["bench", "admission", "--client", "ab", "--json"])
     assert result.exit_code == 2
     assert "client must be one of httpx, wrk" in result.output
+
+
+def test_the_mixed_load_serves_some_refuses_the_rest_and_probes_health() -> None:
+    args = ["bench", "admission", "--load", "mixed", "--duration-s", "2", "--warmup-s", "0.5"]
+    args += ["--concurrency", "20", "--think-s", "0.2", "--prompt-tokens", "600", "--json"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["load"] == "mixed" and report["concurrency"] == 20
+    rejected, served, health = report["rejected_early"], report["served"], report["health"]
+    # Every answer is a 200 or a 429 at admission (the clients check each body).
+    assert report["other_statuses"] == {}
+    assert served["num_requests"] + rejected["num_requests"] > 0
+    assert health["num_requests"] > 0 and health["statuses"] == {"200": health["num_requests"]}
+    # The database holds every request the clients saw answered (and the warm-up's).
+    assert report["num_recorded_requests"] >= served["num_requests"] + rejected["num_requests"]
+    assert report["ttft_slo_s"] > 0 and report["tbt_slo_s"] > 0

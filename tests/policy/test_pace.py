@@ -1,0 +1,86 @@
+"""A prefill instance's measured pace: T_queue and admission follow how long its prefills
+really take, not only what the cost model believes (constructed states, no clock)."""
+
+import pytest
+
+from backend.policy import PolicyConfig, PrefillFinished, PrefillStarted, RequestArrived
+from backend.policy.cluster import MAX_PACE, PrefillState
+from backend.policy.effects import DispatchPrefill, Reject
+
+from .helpers import linear_cost, make_core
+
+
+def _run(state: PrefillState, request_id: str, start_s: float, predicted_s: float, took_s: float):
+    state.enqueue(request_id, predicted_s)
+    state.start(request_id, start_s)
+    state.finish(request_id, start_s + took_s)
+
+
+def test_a_prefill_that_took_its_prediction_leaves_the_pace_at_one() -> None:
+    state = PrefillState("P")
+    for i in range(5):
+        _run(state, f"r{i}", 10.0 * i, 0.3, 0.3)
+    assert state.measured_pace == 1.0 and state.pace(100.0) == 1.0
+    state.enqueue("q", 2.0)
+    assert state.queue_s(100.0) == 2.0
+
+
+def test_prefills_slower_than_predicted_scale_the_queue_at_once() -> None:
+    state = PrefillState("P")
+    _run(state, "a", 0.0, 0.1, 0.4)  # the first measurement is taken whole: 4x
+    assert state.pace(1.0) == pytest.approx(4.0)
+    state.enqueue("q1", 0.1)
+    state.enqueue("q2", 0.1)
+    assert state.queue_s(1.0) == pytest.approx(0.8)
+    _run(state, "b", 2.0, 0.1, 0.2)  # then a plain mean of the first few: (4 + 2) / 2
+    assert state.pace(3.0) == pytest.approx(3.0)
+
+
+def test_faster_than_predicted_never_shrinks_the_queue_under_the_model() -> None:
+    state = PrefillState("P")
+    _run(state, "a", 0.0, 1.0, 0.2)
+    assert state.measured_pace == pytest.approx(0.2) and state.pace(5.0) == 1.0
+
+
+def test_a_running_prefill_past_its_prediction_raises_the_pace_before_it_ends() -> None:
+    state = PrefillState("P")
+    state.enqueue("running", 0.1)
+    state.start("running", 0.0)
+    state.enqueue("queued", 0.1)
+    assert state.pace(0.05) == 1.0
+    assert state.pace(0.5) == pytest.approx(5.0)  # 0.5 s into a 0.1 s prefill
+    assert state.queue_s(0.5) == pytest.approx(0.5)  # the queued one at 5x, nothing left
+    assert state.pace(1e6) == MAX_PACE  # a stalled call is bounded
+
+
+def test_a_dropped_prefill_is_not_measured() -> None:
+    state = PrefillState("P")
+    state.enqueue("r", 0.1)
+    state.start("r", 0.0)
+    state.finish("r")  # failed or cancelled: no completion time
+    assert state.num_paced == 0 and state.measured_pace == 1.0
+
+
+def test_admission_refuses_once_the_measured_pace_puts_the_wait_past_the_slo() -> None:
+    config = PolicyConfig(block_size=16, rejection_policy="early", ttft_slo_s=1.0)
+    core = make_core(config, linear_cost(), prefill=("P",), decode=("D",))
+    predicted = core.cost.prefill_time_s(160, 0)
+    # One prefill measured at 4x its prediction.
+    (first,) = core.handle(RequestArrived(0.0, "first", (), 160, 1))
+    core.handle(PrefillStarted(0.0, "first", "P"))
+    core.handle(PrefillFinished(4 * predicted, "first", "P"))
+    assert core.prefill["P"].pace(10.0) == pytest.approx(4.0)
+    # Requests the model alone would fit under the SLO (believed wait < 1 s) are refused
+    # once four times their believed cost does not fit.
+    now_s = 10.0
+    num_fitted_by_model = int(1.0 / predicted)
+    decisions = [
+        core.handle(RequestArrived(now_s, f"r{i}", (), 160, 1))[0]
+        for i in range(num_fitted_by_model)
+    ]
+    admitted = [d for d in decisions if isinstance(d, DispatchPrefill)]
+    refused = [d for d in decisions if isinstance(d, Reject)]
+    assert refused and all(d.reason == "ttft_slo" for d in refused)
+    assert len(admitted) <= num_fitted_by_model // 4 + 1
+    assert all(d.estimated_ttft_s <= 1.0 for d in admitted)
+    assert isinstance(first, DispatchPrefill)
