@@ -45,19 +45,20 @@ class PrefillState:
     measured_pace: float = 1.0  # the weighted mean of measured / predicted; see `pace()`
     num_paced: int = 0  # prefills measured into it
 
-    def pace(self, now_s: float) -> float:
+    def pace(self, now_s: float, unmeasured: float = 1.0) -> float:
         """Measured over predicted prefill time, never under 1: the weighted mean of the
-        finished ones, or more while a running prefill is already over its prediction by
-        more (the first burst after a start must not wait for a prefill to finish)."""
-        pace = max(1.0, self.measured_pace)
+        finished ones (`unmeasured` before the first: the other instances' pace), or more
+        while a running prefill is already over its prediction by more (the first burst
+        after a start must not wait for a prefill to finish)."""
+        pace = max(1.0, self.measured_pace if self.num_paced else unmeasured)
         for run in self.running.values():
             if run.predicted_s > 0:
                 pace = max(pace, min(MAX_PACE, (now_s - run.started_s) / run.predicted_s))
         return pace
 
-    def queue_s(self, now_s: float) -> float:
+    def queue_s(self, now_s: float, unmeasured_pace: float = 1.0) -> float:
         """T_queue: seconds of queued prefills plus what running ones have left, at `pace`."""
-        pace = self.pace(now_s)
+        pace = self.pace(now_s, unmeasured_pace)
         remaining = 0.0
         for run in self.running.values():
             left = run.started_s + run.predicted_s * pace - now_s

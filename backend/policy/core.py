@@ -137,7 +137,14 @@ class ConductorCore:
     def prefill_loads(self, now_s: float) -> dict[str, float]:
         """Each prefill instance's load: its queue time over the TTFT SLO."""
         slo_s = self.config.ttft_slo_s
-        return {pid: state.queue_s(now_s) / slo_s for pid, state in self.prefill.items()}
+        pace = self.unmeasured_pace()
+        return {pid: state.queue_s(now_s, pace) / slo_s for pid, state in self.prefill.items()}
+
+    def unmeasured_pace(self) -> float:
+        """The pace believed of a prefill instance none of whose prefills was measured yet:
+        the mean of the measured ones (an instance must not look faster for being new)."""
+        measured = [s.measured_pace for s in self.prefill.values() if s.num_paced]
+        return sum(measured) / len(measured) if measured else 1.0
 
     def decode_loads(self) -> dict[str, float]:
         """Each decode instance's load: TBT ratio or KV memory share of its running batch."""
@@ -186,9 +193,13 @@ class ConductorCore:
                     retry_after_s=5.0,
                 ),
             )
+        unmeasured = self.unmeasured_pace()
         candidates = [
             PrefillCandidate(
-                pid, state.queue_s(now_s), state.link_backlog_s(now_s), state.pace(now_s)
+                pid,
+                state.queue_s(now_s, unmeasured),
+                state.link_backlog_s(now_s),
+                state.pace(now_s, unmeasured),
             )
             for pid, state in prefill.items()
         ]
@@ -275,7 +286,11 @@ class ConductorCore:
         if policy == "none":
             return None
         predicted = None
+        own_share = 0.0
         if policy == "early-predicted":
+            capacity = decode_state.kv_capacity_tokens
+            if capacity and self.decode:  # its KV's share of the mean over instances
+                own_share = event.num_input_tokens / capacity / len(self.decode)
             predicted = predicted_mean_ratio(
                 self.cost,
                 self.decode.values(),
@@ -294,6 +309,8 @@ class ConductorCore:
             predicted_decode_load=predicted,
             decode_time_s=self.decode_time_s,
             predicted_load_limit=self.config.predicted_load_limit,
+            own_decode_share=own_share,
+            predicted_size_weight=self.config.predicted_size_weight,
         )
         rejection = admit(policy, loads)
         if rejection is None and predicted is not None:  # judged when its prefill ends

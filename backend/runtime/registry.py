@@ -78,6 +78,7 @@ class AgentRegistry:
             now_s = state.clock()
             core = state.core
             decode_loads = core.decode_loads()
+            pace = core.unmeasured_pace()
             samples = []
             for instance_id, info in state.agents.items():
                 prefill = core.prefill.get(instance_id)
@@ -86,7 +87,9 @@ class AgentRegistry:
                     LoadSample(
                         time_s=now_s,
                         instance_id=instance_id,
-                        prefill_load_s=prefill.queue_s(now_s) if prefill is not None else None,
+                        prefill_load_s=(
+                            prefill.queue_s(now_s, pace) if prefill is not None else None
+                        ),
                         decode_load=decode_loads.get(instance_id),
                         memory_used_bytes=load.dram_bytes + load.ssd_bytes,
                         memory_capacity_bytes=load.dram_capacity_bytes + load.ssd_capacity_bytes,

@@ -84,3 +84,18 @@ def test_admission_refuses_once_the_measured_pace_puts_the_wait_past_the_slo() -
     assert len(admitted) <= num_fitted_by_model // 4 + 1
     assert all(d.estimated_ttft_s <= 1.0 for d in admitted)
     assert isinstance(first, DispatchPrefill)
+
+
+def test_an_instance_never_measured_is_believed_as_slow_as_the_measured_ones() -> None:
+    config = PolicyConfig(block_size=16, rejection_policy="none")
+    core = make_core(config, linear_cost(), prefill=("P1", "P2"), decode=("D",))
+    predicted = core.cost.prefill_time_s(160, 0)
+    (first,) = core.handle(RequestArrived(0.0, "first", (), 160, 1))
+    core.handle(PrefillStarted(0.0, "first", first.instance_id))
+    core.handle(PrefillFinished(3 * predicted, "first", first.instance_id))
+    other = "P2" if first.instance_id == "P1" else "P1"
+    assert core.unmeasured_pace() == pytest.approx(3.0)
+    assert core.prefill[other].pace(10.0, core.unmeasured_pace()) == pytest.approx(3.0)
+    (second,) = core.handle(RequestArrived(10.0, "second", (), 160, 1))
+    (mine,) = [c for c in second.candidates if c.instance_id == other]
+    assert mine.ttft_s == pytest.approx(3 * predicted)

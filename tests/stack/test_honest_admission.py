@@ -4,7 +4,8 @@
 Before admission scaled its queue estimate by each instance's measured pace, the idle
 `tiny-cpu` cost model believed prefills 5-7x faster than the shared machine ran them:
 admission let in every request whose *believed* wait fitted the SLO, and the admitted ones
-then waited 10-30x their SLO in the agent's line (issue 13, item 5).
+then waited up to 4x their SLO here (18 of 25 late, 3.2-8.4 s against 2 s), 10-30x under
+the issue's load (issue 13, item 5).
 """
 
 import json
@@ -21,7 +22,7 @@ from tests.runtime.conftest import make_settings
 
 API_KEY = "api-key-0123456789"
 HEADERS = {"x-api-key": API_KEY}
-TTFT_SLO_S = 1.0
+TTFT_SLO_S = 2.0
 NUM_STREAMS = 100
 PROMPT_TOKENS = 2000  # long enough that the prefill, not the calls, is what queues
 # An admitted request may exceed its SLO by what no estimate holds (the first token's
