@@ -37,6 +37,7 @@ class TwinConfig:
     decode_time_s: float = _POLICY.decode_time_s
     learn_decode_time: bool = _POLICY.learn_decode_time
     predicted_load_limit: float = _POLICY.predicted_load_limit
+    predicted_size_weight: float = _POLICY.predicted_size_weight
     decode_time_window: int = _POLICY.decode_time_window
     max_in_flight_requests: int = _POLICY.max_in_flight_requests
     # Replay speed: 2.0 replays the trace's arrivals twice as fast.
@@ -108,6 +109,7 @@ class TwinConfig:
             decode_time_s=self.decode_time_s,
             learn_decode_time=self.learn_decode_time,
             predicted_load_limit=self.predicted_load_limit,
+            predicted_size_weight=self.predicted_size_weight,
             decode_time_window=self.decode_time_window,
             max_in_flight_requests=self.max_in_flight_requests,
             seed=self.seed,
@@ -135,6 +137,7 @@ class TwinConfig:
             decode_time_s=config.decode_time_s,
             learn_decode_time=config.learn_decode_time,
             predicted_load_limit=config.predicted_load_limit,
+            predicted_size_weight=config.predicted_size_weight,
             decode_time_window=config.decode_time_window,
             max_in_flight_requests=config.max_in_flight_requests,
             seed=config.seed,

@@ -5,7 +5,8 @@
   checked only when the request reaches decode (late rejection, prefill wasted).
 - `early`: also require the decode batch running now to take the request within the TBT SLO.
 - `early-predicted`: like `early`, against the mean decode load predicted for the moment the
-  request's prefill will finish (see decode_load.predicted_mean_ratio).
+  request's prefill will finish (see decode_load.predicted_mean_ratio), the request's own KV
+  counted `predicted_size_weight` times: near the limit the large requests go first.
 """
 
 from dataclasses import dataclass
@@ -38,6 +39,10 @@ class LoadSnapshot:
     predicted_decode_load: float | None
     decode_time_s: float
     predicted_load_limit: float = 1.0
+    # The request's own KV share of the predicted (mean) load, and how many times it counts
+    # (PolicyConfig.predicted_size_weight): the first time is in predicted_decode_load.
+    own_decode_share: float = 0.0
+    predicted_size_weight: float = 1.0
 
     @property
     def prefill_load(self) -> float:
@@ -66,8 +71,9 @@ def admit(policy: str, loads: LoadSnapshot) -> Rejection | None:
         what = "current"
     else:
         assert loads.predicted_decode_load is not None, "early-predicted needs a prediction"
-        decode_load, limit = loads.predicted_decode_load, loads.predicted_load_limit
-        what = "predicted"
+        extra = (loads.predicted_size_weight - 1.0) * loads.own_decode_share
+        decode_load, limit = loads.predicted_decode_load + extra, loads.predicted_load_limit
+        what = "predicted (this request's KV weighted by its size)" if extra else "predicted"
     if decode_load > limit:
         return Rejection(
             reason="tbt_slo",

@@ -21,6 +21,7 @@ _NUMBER_FIELDS = (
     "tbt_slo_s",
     "decode_time_s",
     "predicted_load_limit",
+    "predicted_size_weight",
 )
 
 
@@ -51,7 +52,11 @@ class PolicyConfig:
     # early-predicted admits while the predicted decode load stays at or under this: below
     # 1.0 keeps headroom for the forecast's error, above it trusts the decode instance's own
     # check on arrival to catch the rest (less refused, more prefill wasted).
-    predicted_load_limit: float = 1.0
+    predicted_load_limit: float = 1.05
+    # ... with the request's own KV share of that load counted this many times: near the
+    # limit, large requests are refused first and small ones still fit, so the pool's
+    # memory holds more requests (docs/overload.md measures 1-25; 1 is the plain forecast).
+    predicted_size_weight: float = 10.0
     seed: int = 0
     # Requests admitted and not yet ended, cluster-wide; past it admission refuses
     # ("in_flight_limit"), in the live Conductor and in the twin alike.
@@ -86,6 +91,9 @@ class PolicyConfig:
         limit = self.predicted_load_limit
         if not (limit > 0 and math.isfinite(limit)):
             raise ValueError(f"predicted_load_limit must be a positive number, got {limit}")
+        weight = self.predicted_size_weight
+        if not (weight >= 1 and math.isfinite(weight)):
+            raise ValueError(f"predicted_size_weight must be a number >= 1, got {weight}")
         if self.decode_time_window <= 0:
             raise ValueError(f"decode_time_window must be positive, got {self.decode_time_window}")
         if self.max_in_flight_requests <= 0:

@@ -134,6 +134,9 @@ class ConductorSettings(BaseSettings):
     predicted_load_limit: float = Field(
         default=_POLICY_DEFAULTS.predicted_load_limit, gt=0, allow_inf_nan=False
     )
+    predicted_size_weight: float = Field(
+        default=_POLICY_DEFAULTS.predicted_size_weight, ge=1, allow_inf_nan=False
+    )
     seed: int = _POLICY_DEFAULTS.seed
     max_in_flight_requests: int = Field(default=_POLICY_DEFAULTS.max_in_flight_requests, gt=0)
 
@@ -294,6 +297,7 @@ class ConductorSettings(BaseSettings):
             learn_decode_time=self.learn_decode_time,
             decode_time_window=self.decode_time_window,
             predicted_load_limit=self.predicted_load_limit,
+            predicted_size_weight=self.predicted_size_weight,
             seed=self.seed,
             max_in_flight_requests=self.max_in_flight_requests,
         )

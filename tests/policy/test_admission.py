@@ -3,6 +3,8 @@
 import pytest
 
 from backend.policy import (
+    AgentJoined,
+    ConductorCore,
     DecodeStarted,
     DispatchPrefill,
     PolicyConfig,
@@ -284,3 +286,42 @@ def test_the_forecast_counts_kv_at_each_requests_pace_without_counting_tokens_tw
         kv_only, [state], chosen_instance_id="none", context_tokens=0, at_s=7.0, tbt_slo_s=1.0
     )
     assert at_7 == pytest.approx(170 / 1000)  # b has finished; a is at 100 + 70
+
+
+def test_near_the_limit_the_size_weight_refuses_large_requests_and_keeps_small_ones() -> None:
+    from dataclasses import replace
+
+    # The pool will be at 0.97 of its memory with the request in it; the limit is 1.0.
+    near = replace(snapshot(predicted=0.97), predicted_load_limit=1.0, predicted_size_weight=10.0)
+    small = replace(near, own_decode_share=0.001)  # 0.97 + 9 x 0.001 = 0.979: admitted
+    large = replace(near, own_decode_share=0.02)  # 0.97 + 9 x 0.02 = 1.15: refused
+    assert admit("early-predicted", small) is None
+    refused = admit("early-predicted", large)
+    assert refused is not None and refused.reason == "tbt_slo" and refused.stage == "admission"
+    assert "weighted by its size" in refused.message
+    # Weight 1 is the plain forecast: both fit; `early` never looks at it.
+    assert admit("early-predicted", replace(large, predicted_size_weight=1.0)) is None
+    assert admit("early", replace(large, current_decode_load=0.5)) is None
+    with pytest.raises(ValueError, match="predicted_size_weight"):
+        PolicyConfig(predicted_size_weight=0.5)
+
+
+def test_the_core_weights_the_request_by_its_share_of_the_decode_pool() -> None:
+    from dataclasses import replace
+
+    cost = linear_cost()
+    config = PolicyConfig(block_size=16, rejection_policy="none", ttft_slo_s=1e6)
+    core = ConductorCore(config, cost)
+    core.handle(AgentJoined(0.0, "P", "prefill"))
+    core.handle(AgentJoined(0.0, "D", "decode", 10_000))
+    # 9,000 tokens decoding for long: the pool is at 0.9 of its memory.
+    core.handle(RequestArrived(0.0, "big", (), 9_000, 10_000))
+    core.handle(PrefillStarted(0.0, "big", "P"))
+    core.handle(PrefillFinished(0.1, "big", "P"))
+    core.handle(DecodeStarted(0.2, "big", "D"))
+    core.reconfigure(replace(config, rejection_policy="early-predicted"))  # default weight
+    # 0.9 + 0.005 + 9 x 0.005 = 0.95 fits under 1.05; 0.9 + 0.02 + 9 x 0.02 = 1.1 does not.
+    (small,) = core.handle(RequestArrived(1.0, "small", (), 50, 1))
+    (large,) = core.handle(RequestArrived(1.0, "large", (), 200, 1))
+    assert isinstance(small, DispatchPrefill)
+    assert isinstance(large, Reject) and large.reason == "tbt_slo"
