@@ -213,7 +213,6 @@ def admission(
     the same-run baseline. --load mixed: the latency of 429s, served answers and /healthz
     while the cluster also serves (e.g. --concurrency 200 --duration-s 20)."""
     from backend.bench.admission import ENDPOINTS, run_admission_bench
-    from backend.cli.children import ChildFailed
 
     if endpoint not in ENDPOINTS:
         raise typer.BadParameter(f"choose one of {', '.join(ENDPOINTS)}", param_hint="--endpoint")
@@ -234,25 +233,18 @@ def admission(
             as_json=as_json,
         )
         return
-    try:
-        report = run_admission_bench(
-            duration_s=duration_s,
-            concurrency=concurrency,
-            num_prefill=num_prefill,
-            num_decode=num_decode,
-            endpoint=endpoint,
-            prompt_tokens=prompt_tokens,
-            warmup_s=warmup_s,
-            log_level=log_level,
-            client=client,
-            on_status=lambda line: _stderr.print(line, highlight=False, soft_wrap=True),
-        )
-    except ValueError as error:
-        _stderr.print(f"[red]error:[/red] {error}", highlight=False, soft_wrap=True)
-        raise typer.Exit(2) from None
-    except ChildFailed as error:
-        _stderr.print(f"[red]error:[/red] {error}", highlight=False, soft_wrap=True)
-        raise typer.Exit(1) from None
+    report = _stack_report(
+        run_admission_bench,
+        duration_s=duration_s,
+        concurrency=concurrency,
+        num_prefill=num_prefill,
+        num_decode=num_decode,
+        endpoint=endpoint,
+        prompt_tokens=prompt_tokens,
+        warmup_s=warmup_s,
+        log_level=log_level,
+        client=client,
+    )
     if as_json:
         typer.echo(json.dumps(report))
         return
@@ -264,13 +256,13 @@ def admission(
     _print_table("admission path under overload", shown)
 
 
-def _mixed_load(*, as_json: bool, **options: Any) -> None:
-    """`bench admission --load mixed` (backend/bench/mixed_load.py)."""
-    from backend.bench.mixed_load import run_mixed_bench
+def _stack_report(run: Any, **options: Any) -> dict[str, Any]:
+    """Run a benchmark that starts a stack of its own, its progress on stderr; a bad option
+    exits 2 with its message, a stack that does not start exits 1."""
     from backend.cli.children import ChildFailed
 
     try:
-        report = run_mixed_bench(
+        return run(
             **options, on_status=lambda line: _stderr.print(line, highlight=False, soft_wrap=True)
         )
     except ValueError as error:
@@ -279,6 +271,13 @@ def _mixed_load(*, as_json: bool, **options: Any) -> None:
     except ChildFailed as error:
         _stderr.print(f"[red]error:[/red] {error}", highlight=False, soft_wrap=True)
         raise typer.Exit(1) from None
+
+
+def _mixed_load(*, as_json: bool, **options: Any) -> None:
+    """`bench admission --load mixed` (backend/bench/mixed_load.py)."""
+    from backend.bench.mixed_load import run_mixed_bench
+
+    report = _stack_report(run_mixed_bench, **options)
     if as_json:
         typer.echo(json.dumps(report))
         return
