@@ -16,9 +16,10 @@ class RunningPrefill:
     predicted_s: float
 
 
-# How fast `pace` follows each measured prefill (an exponentially weighted mean), and the
-# bounds of the ratio one measurement may bring (a stalled call must not freeze admission).
-PACE_WEIGHT = 0.2
+# How much of its weight each measured prefill keeps when the next one is added to the
+# pace's sums (0.8: the last ~5 prefills count most), and the bound of the pace (a stalled
+# call must not freeze admission).
+PACE_DECAY = 0.8
 MAX_PACE = 50.0
 
 
@@ -27,8 +28,8 @@ class PrefillState:
     """One prefill instance: its queue in predicted seconds and its outgoing link.
 
     `pace()` is how much longer than predicted this instance's prefills really take, from
-    start to finish as the driver reports them (an exponentially weighted mean of measured
-    over predicted seconds, never under 1): it covers what the cost model leaves out (cores
+    start to finish as the driver reports them (exponentially weighted seconds measured over
+    seconds predicted, never under 1): it covers what the cost model leaves out (cores
     shared with other work, loading cached blocks, the KV hand-off, the calls) from one
     prefill to the next, where calibration refits the model every few seconds. T_queue and
     a new request's own prefill are scaled by it, so admission refuses a request that would
@@ -42,18 +43,35 @@ class PrefillState:
     total_queued_s: float = 0.0
     link_busy_until_s: float = 0.0
     draining: bool = False  # takes no new requests
-    measured_pace: float = 1.0  # the weighted mean of measured / predicted; see `pace()`
-    num_paced: int = 0  # prefills measured into it
+    # Exponentially weighted sums (see PACE_DECAY) of the finished prefills' measured and
+    # predicted seconds: their ratio is the pace. A ratio of sums, not a mean of ratios, so
+    # a prefill counts by its length: a tiny cached one that took 20x its 13 ms prediction
+    # (a fixed cost of the call) does not make a long one look 20x slower.
+    paced_measured_s: float = 0.0
+    paced_predicted_s: float = 0.0
+
+    def measured_pace(self) -> float | None:
+        """Measured over predicted seconds of the finished prefills; None before the first."""
+        if self.paced_predicted_s <= 0:
+            return None
+        # Rounded: prefills that took their prediction (the twin) give 1.0 exactly, not off
+        # by the float error of the sums.
+        return round(min(MAX_PACE, self.paced_measured_s / self.paced_predicted_s), 6)
 
     def pace(self, now_s: float, unmeasured: float = 1.0) -> float:
-        """Measured over predicted prefill time, never under 1: the weighted mean of the
-        finished ones (`unmeasured` before the first: the other instances' pace), or more
-        while a running prefill is already over its prediction by more (the first burst
-        after a start must not wait for a prefill to finish)."""
-        pace = max(1.0, self.measured_pace if self.num_paced else unmeasured)
+        """Measured over predicted prefill time, never under 1: that of the finished ones
+        (`unmeasured` before the first: the other instances' pace), or more while a running
+        prefill is already late: the pace as if it ended now (the first burst after a start
+        must not wait for a prefill to finish)."""
+        measured = self.measured_pace()
+        pace = max(1.0, unmeasured if measured is None else measured)
         for run in self.running.values():
             if run.predicted_s > 0:
-                pace = max(pace, min(MAX_PACE, (now_s - run.started_s) / run.predicted_s))
+                elapsed_s = now_s - run.started_s
+                if_ended_now = (PACE_DECAY * self.paced_measured_s + elapsed_s) / (
+                    PACE_DECAY * self.paced_predicted_s + run.predicted_s
+                )
+                pace = max(pace, min(MAX_PACE, if_ended_now))
         return pace
 
     def queue_s(self, now_s: float, unmeasured_pace: float = 1.0) -> float:
@@ -85,21 +103,22 @@ class PrefillState:
             self.total_queued_s = self.total_queued_s - predicted_s if self.queued_s else 0.0
         return predicted_s
 
-    def finish(self, request_id: str, now_s: float | None = None) -> None:
+    def finish(
+        self, request_id: str, now_s: float | None = None, took_s: float | None = None
+    ) -> None:
         """The prefill ended; `now_s` when it completed (it then updates `pace`), None
-        when it was dropped."""
+        when it was dropped. `took_s`: the seconds the instance measured it worked on it
+        (default: since it started here)."""
         run = self.running.pop(request_id, None)
         if run is None:
             self.dequeue(request_id)
             return
         if now_s is not None and run.predicted_s > 0:
-            # Rounded: a prefill that took its prediction (the twin) leaves the pace at 1.0
-            # exactly, not off by the float error of now - started.
-            ratio = round(min(MAX_PACE, max(0.0, now_s - run.started_s) / run.predicted_s), 6)
-            # The plain mean of the first few, then the weighted one: no prior to forget.
-            weight = max(PACE_WEIGHT, 1.0 / (self.num_paced + 1))
-            self.measured_pace += weight * (ratio - self.measured_pace)
-            self.num_paced += 1
+            if took_s is None:
+                took_s = now_s - run.started_s
+            took_s = min(MAX_PACE * run.predicted_s, max(0.0, took_s))
+            self.paced_measured_s = PACE_DECAY * self.paced_measured_s + took_s
+            self.paced_predicted_s = PACE_DECAY * self.paced_predicted_s + run.predicted_s
 
     def request_ids(self) -> list[str]:
         return [*self.queued_s, *self.running]

@@ -143,7 +143,7 @@ class ConductorCore:
     def unmeasured_pace(self) -> float:
         """The pace believed of a prefill instance none of whose prefills was measured yet:
         the mean of the measured ones (an instance must not look faster for being new)."""
-        measured = [s.measured_pace for s in self.prefill.values() if s.num_paced]
+        measured = [m for s in self.prefill.values() if (m := s.measured_pace()) is not None]
         return sum(measured) / len(measured) if measured else 1.0
 
     def decode_loads(self) -> dict[str, float]:
@@ -332,7 +332,7 @@ class ConductorCore:
         admitted = self._requests.get(event.request_id)
         if admitted is None or admitted.prefill_instance_id != event.instance_id:
             return NO_EFFECTS
-        self.prefill[event.instance_id].finish(event.request_id, event.now_s)
+        self.prefill[event.instance_id].finish(event.request_id, event.now_s, event.took_s)
         admitted.prefill_instance_id = None
         admitted.phase = "to_decode"
         decode_state = self.decode[admitted.decode_instance_id]

@@ -42,6 +42,10 @@ class PrefillFinished:
     now_s: float
     request_id: str
     instance_id: str
+    # The seconds the instance worked on this prefill, as it measured them (loading cached
+    # blocks, compute, storing, the KV hand-off; not its wait in line, not the calls to and
+    # from it), for the instance's pace. None: from its PrefillStarted to now.
+    took_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -255,8 +255,13 @@ class RequestRunner:
                 after = self._executor.apply(self._leave_line(prefill_id, stream.request_id))
             else:
                 self._measured_fetch(effect, reply)
+                # The pace learns from the agent's own measure of its work, as the twin's
+                # from its prefill's: the calls to and from it are not the instance's pace.
+                worked_s = reply.timings.total_s - reply.timings.queue_s
                 effects = state.core.handle(
-                    ev.PrefillFinished(state.clock(), stream.request_id, prefill_id)
+                    ev.PrefillFinished(
+                        state.clock(), stream.request_id, prefill_id, worked_s or None
+                    )
                 )
                 stream.stage = "decode"
                 after = self._executor.apply(
