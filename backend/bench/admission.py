@@ -47,6 +47,7 @@ from typing import Any
 import httpx
 
 from backend.cli.children import (
+    AGENT_NICE,
     KVCENTRIC,
     SECRET_BYTES,
     Child,
@@ -451,13 +452,15 @@ def bench_stack(
     on_status: Callable[[str], None],
     settings: dict[str, str] | None = None,
     agent_cpus: str | None = None,
+    agent_nice: int = AGENT_NICE,
 ) -> Iterator[BenchStack]:
     """Start `kvcentric conductor` (SQLite in a scratch directory) and tiny agents as
     `kvcentric up` does, wait until they joined; stop them on exit and read back what the
     database recorded. `settings`: more KVC_* variables for the Conductor and agents;
     `agent_cpus`: a CPU list (taskset's, e.g. "1") the agents are pinned to, leaving the
     other cores to the Conductor and the clients, as if the agents ran on hosts of their
-    own. Raises ChildFailed when the stack does not start."""
+    own; `agent_nice`: the agents' nice value (the Conductor keeps 0; see
+    `backend.cli.children.AGENT_NICE`). Raises ChildFailed when the stack does not start."""
     if agent_cpus and shutil.which("taskset") is None:
         raise ValueError("--agent-cpus needs taskset on the PATH (Debian: util-linux)")
     with tempfile.TemporaryDirectory(prefix="kvc-bench-admission-") as scratch:
@@ -512,8 +515,9 @@ def bench_stack(
                 if profile is not None:
                     agent_args += ["--profile", str(profile_path(profile))]
                 log = logs / f"agent-{role}-{index}.log"
+                name = f"agent {role}-{index}"
                 children.append(
-                    Child(f"agent {role}-{index}", agent_args, env, log, stdout_pipe=False)
+                    Child(name, agent_args, env, log, stdout_pipe=False, nice=agent_nice)
                 )
 
             def joined() -> bool:

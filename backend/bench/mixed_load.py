@@ -40,6 +40,7 @@ from backend.bench.admission import (
     request_bodies,
 )
 from backend.bench.health_probe import probe_health
+from backend.cli.children import AGENT_NICE
 
 HEALTH_PERIOD_S = 0.1
 _REQUEST_TIMEOUT_S = 60.0
@@ -162,10 +163,12 @@ def run_mixed_bench(
     profile: str | None = TINY_PROFILE,
     keep_dir: Path | None = None,
     agent_cpus: str | None = None,
+    agent_nice: int = AGENT_NICE,
     on_status: Callable[[str], None] = lambda line: None,
 ) -> dict[str, Any]:
     """Start the stack, run the mixed load, measure; the JSON report (see the module doc).
-    `agent_cpus`: pin the agents to these CPUs (see `bench_stack`)."""
+    `agent_cpus`, `agent_nice`: pin the agents to these CPUs, give them this nice value (see
+    `bench_stack`)."""
     if endpoint not in ENDPOINTS:
         raise ValueError(f"endpoint must be one of {', '.join(ENDPOINTS)}, got {endpoint!r}")
     if think_s <= 0:
@@ -185,6 +188,7 @@ def run_mixed_bench(
         keep_dir=keep_dir,
         on_status=on_status,
         agent_cpus=agent_cpus,
+        agent_nice=agent_nice,
         settings={"KVC_TTFT_SLO_S": f"{ttft_slo_s:.4f}", "KVC_TBT_SLO_S": f"{tbt_slo_s:.4f}"},
     ) as stack:
         on_status(
@@ -223,6 +227,7 @@ def run_mixed_bench(
         "concurrency": concurrency,
         "think_s": think_s,
         "agent_cpus": agent_cpus,
+        "agent_nice": agent_nice,
         "ttft_slo_s": ttft_slo_s,
         "tbt_slo_s": tbt_slo_s,
         "duration_s": duration_s,

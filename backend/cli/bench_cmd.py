@@ -13,6 +13,7 @@ from rich.table import Table
 
 from backend.bench.hashing import measure_hashing
 from backend.bench.policy_replay import DEFAULT_CACHE_CAPACITY_BLOCKS, ReplayResult, replay_trace
+from backend.cli.children import AGENT_NICE
 from backend.policy.config import PrefillScheduler, RejectionPolicy
 from backend.traces import SHIPPED_TRACE
 from backend.traces.loader import TraceError, iter_trace
@@ -204,6 +205,14 @@ def admission(
         "the others to the Conductor and the clients, as if the agents had hosts of their "
         "own. Default: everything shares every core.",
     ),
+    agent_nice: int = typer.Option(
+        AGENT_NICE,
+        "--agent-nice",
+        min=0,
+        max=19,
+        help="--load mixed: the agents' nice value (the Conductor runs at 0), as `kvcentric up` "
+        "starts them: they yield a shared core to the Conductor. 0: all equal.",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object on stdout."),
 ) -> None:
     """The admission path under overload: starts its own Conductor (SQLite) and tiny agents
@@ -230,6 +239,7 @@ def admission(
             warmup_s=warmup_s,
             log_level=log_level,
             agent_cpus=agent_cpus,
+            agent_nice=agent_nice,
             as_json=as_json,
         )
         return

@@ -57,3 +57,44 @@ def test_a_child_that_keeps_dying_stops_the_supervision_naming_it(tmp_path: Path
         ]
     finally:
         child.wait()
+
+
+def _nice_of(pid: int) -> int:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat.rsplit(")", 1)[1].split()[16])  # field 19, after the command's name
+
+
+def test_an_agent_child_yields_the_cpu_to_the_conductor_and_keeps_doing_so_on_restart(
+    tmp_path: Path,
+) -> None:
+    """Agents start at AGENT_NICE, their session too (each child has a session of its own,
+    and with the kernel's autogroup a nice value alone would rank threads only inside one);
+    the threads they start inherit it; a restarted agent gets it again."""
+    from backend.cli.children import AGENT_NICE
+
+    code = "import threading, time; threading.Thread(target=time.sleep, args=(60,)).start()"
+    args = [sys.executable, "-c", code]
+    child = Child(
+        "agent", args, dict(os.environ), tmp_path / "a.log", stdout_pipe=False, nice=AGENT_NICE
+    )
+    supervisor = Supervisor([child], lambda line: None, first_backoff_s=0.05)
+    try:
+        for attempt in range(2):
+            pid = child.process.pid
+            assert _nice_of(pid) == AGENT_NICE
+            autogroup = Path(f"/proc/{pid}/autogroup")
+            if autogroup.exists():  # "/autogroup-N nice 10"
+                assert autogroup.read_text().split()[-1] == str(AGENT_NICE)
+            deadline_s = time.monotonic() + 5
+            while len(list(Path(f"/proc/{pid}/task").iterdir())) < 2:
+                assert time.monotonic() < deadline_s
+                time.sleep(0.02)
+            for task in Path(f"/proc/{pid}/task").iterdir():
+                stat = (task / "stat").read_text()
+                assert int(stat.rsplit(")", 1)[1].split()[16]) == AGENT_NICE
+            if attempt == 0:
+                os.kill(pid, signal.SIGKILL)
+                _poll_until(supervisor, lambda: supervisor.num_restarts == 1)
+    finally:
+        child.terminate()
+        child.wait()
