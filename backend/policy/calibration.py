@@ -137,9 +137,11 @@ class Calibrator:
 
     # -- refits -----------------------------------------------------------------------------
     def refit(self, now_s: float) -> Refit:
-        """Refit each part with enough points in the window; the others keep their fit."""
+        """Refit each part with enough points in the window; the others keep their fit. A
+        refit that could update no part does not start the interval: the next check tries
+        again (else a check before the first requests, at a Conductor's start, would put
+        the first real refit `refit_interval_s` after it)."""
         self._trim(now_s)
-        self.last_refit_s = now_s
         config, cost = self.config, self.cost
         updated: list[str] = []
         notes: list[str] = []
@@ -163,6 +165,8 @@ class Calibrator:
         else:
             serving = self._serving_fit()
             updated.append("serving")
+        if updated:
+            self.last_refit_s = now_s
         self.cost = replace(cost, prefill=prefill, decode=decode, serving=serving)
         if updated and not self.cost.name.startswith("calibrated-"):
             self.cost = replace(self.cost, name=f"calibrated-{cost.name}")

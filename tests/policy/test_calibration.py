@@ -122,3 +122,18 @@ def test_a_snapshot_keeps_the_window_and_model_of_its_moment() -> None:
     assert len(snapshot.prefill) == 60 and len(snapshot.decode) == len(decode)
     assert snapshot.num_refits == 1 and calibrator.num_refits == 2
     assert snapshot.config == calibrator.config and snapshot.base == BASE
+
+
+def test_a_refit_with_too_few_points_does_not_delay_the_first_real_one() -> None:
+    """A Conductor checks at its first heartbeat, before any request: that check must not
+    put the first refit a whole interval later (at speed 8 a 7.5 s warm-up then ran on the
+    idle profile throughout)."""
+    calibrator = Calibrator(BASE, CalibrationConfig(refit_interval_s=10.0))
+    assert calibrator.is_due(0.0)
+    assert calibrator.refit(0.0).updated == ()
+    assert calibrator.is_due(1.0)  # nothing was fitted: try again at the next check
+    prefill, decode = measured(400)
+    calibrator.add_prefill(prefill)
+    calibrator.add_decode(decode)
+    assert calibrator.refit(2.0).updated
+    assert not calibrator.is_due(11.0) and calibrator.is_due(12.0)
