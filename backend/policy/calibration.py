@@ -165,12 +165,12 @@ class Calibrator:
         else:
             serving = self._serving_fit()
             updated.append("serving")
-        if updated:
+        if updated:  # counted and timed only when a part was fitted
             self.last_refit_s = now_s
+            self.num_refits += 1
         self.cost = replace(cost, prefill=prefill, decode=decode, serving=serving)
         if updated and not self.cost.name.startswith("calibrated-"):
             self.cost = replace(self.cost, name=f"calibrated-{cost.name}")
-        self.num_refits += 1
         self.last_refit = Refit(self.cost, tuple(updated), tuple(notes))
         return self.last_refit
 

@@ -130,10 +130,10 @@ def test_a_refit_with_too_few_points_does_not_delay_the_first_real_one() -> None
     idle profile throughout)."""
     calibrator = Calibrator(BASE, CalibrationConfig(refit_interval_s=10.0))
     assert calibrator.is_due(0.0)
-    assert calibrator.refit(0.0).updated == ()
+    assert calibrator.refit(0.0).updated == () and calibrator.num_refits == 0
     assert calibrator.is_due(1.0)  # nothing was fitted: try again at the next check
     prefill, decode = measured(400)
     calibrator.add_prefill(prefill)
     calibrator.add_decode(decode)
-    assert calibrator.refit(2.0).updated
+    assert calibrator.refit(2.0).updated and calibrator.num_refits == 1
     assert not calibrator.is_due(11.0) and calibrator.is_due(12.0)
