@@ -227,34 +227,27 @@ def admission(
         raise typer.BadParameter(f"choose one of {', '.join(ENDPOINTS)}", param_hint="--endpoint")
     if load not in ("rejected", "mixed"):
         raise typer.BadParameter("choose rejected or mixed", param_hint="--load")
+    # The options both loads share; each adds its own.
+    common: dict[str, Any] = {
+        "duration_s": duration_s,
+        "concurrency": concurrency,
+        "num_prefill": num_prefill,
+        "num_decode": num_decode,
+        "endpoint": endpoint,
+        "prompt_tokens": prompt_tokens,
+        "warmup_s": warmup_s,
+        "log_level": log_level,
+    }
     if load == "mixed":
         _mixed_load(
-            duration_s=duration_s,
-            concurrency=concurrency,
+            **common,
             think_s=think_s,
-            num_prefill=num_prefill,
-            num_decode=num_decode,
-            endpoint=endpoint,
-            prompt_tokens=prompt_tokens,
-            warmup_s=warmup_s,
-            log_level=log_level,
             agent_cpus=agent_cpus,
             agent_nice=agent_nice,
             as_json=as_json,
         )
         return
-    report = _stack_report(
-        run_admission_bench,
-        duration_s=duration_s,
-        concurrency=concurrency,
-        num_prefill=num_prefill,
-        num_decode=num_decode,
-        endpoint=endpoint,
-        prompt_tokens=prompt_tokens,
-        warmup_s=warmup_s,
-        log_level=log_level,
-        client=client,
-    )
+    report = _stack_report(run_admission_bench, **common, client=client)
     if as_json:
         typer.echo(json.dumps(report))
         return
