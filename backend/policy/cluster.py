@@ -27,10 +27,10 @@ MAX_PACE = 50.0
 class PrefillState:
     """One prefill instance: its queue in predicted seconds and its outgoing link.
 
-    `pace()` is how much longer than predicted this instance's prefills really take, from
-    start to finish as the driver reports them (exponentially weighted seconds measured over
-    seconds predicted, never under 1): it covers what the cost model leaves out (cores
-    shared with other work, loading cached blocks, the KV hand-off, the calls) from one
+    `pace()` is how much longer than predicted this instance's prefills really take, as the
+    instance measured its work on each (`PrefillFinished.took_s`; exponentially weighted
+    seconds measured over seconds predicted, never under 1): it covers what the cost model
+    leaves out (cores shared with other work, loading cached blocks, the KV hand-off) from one
     prefill to the next, where calibration refits the model every few seconds. T_queue and
     a new request's own prefill are scaled by it, so admission refuses a request that would
     wait past its SLO behind prefills slower than believed. A driver whose prefills take
