@@ -134,7 +134,8 @@ class DecodeInstance:
         self._report_stretch()
         self.step_s = self.timing.decode_step_s(len(self.jobs), self.context_tokens)
         if host is not None:
-            self.step_s /= host.rate("decode")  # slowed while the host is crowded
+            # slowed while the host is crowded, by this stretch's share of the CPU
+            self.step_s /= host.rate("decode", self.timing.decode_share_factor())
         if self.jobs and self._on_steps is not None:
             self._stretch = (len(self.jobs), self.context_tokens, self.step_s)
         if self.jobs:

@@ -5,9 +5,12 @@ got (`host`, backend/observe/host_share.py): overall, and as each role saw them 
 on a 2-CPU host the decode loop kept three quarters of its CPU time beside two prefill
 agents that kept half of theirs). The twin slows them by the same rule: while n instances
 compute at once, a prefill progresses at min(1, prefill cores / n) and a decode step at
-min(1, decode cores / n). A prefill counts while it computes; a decode instance while its
-batch is not empty. Every change of that
-rate wakes the prefills in progress (they recompute when they will end) and tells the
+min(1, decode cores / n) times the step's share factor, at most 1: the CPU a step got over
+that even share, drawn from the window's (a scheduler runs a waking decode step at once and
+makes a preempted one wait a time slice, so the same mean comes as many quick steps and a
+slow tail; a prefill spans so many time slices that it gets the even share). A prefill
+counts while it computes; a decode instance while its batch is not empty. Every change of
+that rate wakes the prefills in progress (they recompute when they will end) and tells the
 decode instances, which re-time their current step.
 """
 
@@ -43,10 +46,12 @@ class SharedHost:
         self._changed = env.event()
         self._listeners: dict[object, Callable[[], None]] = {}
 
-    def rate(self, role: Role) -> float:
-        """How fast each busy instance of `role` progresses (1 alone; less when crowded)."""
+    def rate(self, role: Role, share: float = 1.0) -> float:
+        """How fast a busy computation of `role` whose share factor is `share` progresses
+        (1 alone; less when crowded; never more than one core)."""
         cores = self.cores.prefill if role == "prefill" else self.cores.decode
-        return min(1.0, cores / self.num_busy) if self.num_busy else 1.0
+        even = min(1.0, cores / self.num_busy) if self.num_busy else 1.0
+        return min(1.0, even * share)
 
     def _rates(self) -> tuple[float, float]:
         return self.rate("prefill"), self.rate("decode")

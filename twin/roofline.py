@@ -118,6 +118,9 @@ class RooflineTiming:
         """An analytic model's instances each have their own machine."""
         return None
 
+    def decode_share_factor(self) -> float:
+        return 1.0
+
     def dispatch_delay_s(self) -> float:
         return 0.0
 

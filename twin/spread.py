@@ -2,8 +2,10 @@
 
 A live profile (`backend.observe.live_profile`) carries, besides the central times, the
 quantiles of what was measured around them: each prefill's and each decode step's ratio to
-the central time, and the serving path's dispatch and first-token delays. A twin run on it
-draws every duration's factor (and every delay) from those quantiles with a seeded
+the central time, the serving path's dispatch and first-token delays, and on a shared host
+each decode step's share of the CPU relative to processor sharing's
+(backend/observe/host_share.py). A twin run on it draws every duration's factor (and every
+delay, and every share) from those quantiles with a seeded
 generator, so the tails a loaded machine shows (a prefill slowed by a decode step beside
 it, a first token waiting behind a long step) reach the twin's queues and percentiles.
 """
@@ -15,7 +17,13 @@ from typing import Any
 
 from twin.wrapped import WrappedTiming
 
-SPREAD_KEYS = ("prefill_factor", "decode_factor", "dispatch_s", "first_token_s")
+SPREAD_KEYS = (
+    "prefill_factor",
+    "decode_factor",
+    "dispatch_s",
+    "first_token_s",
+    "decode_share",
+)
 
 
 class Quantiles:
@@ -81,6 +89,9 @@ class MeasuredSpread(WrappedTiming):
 
     def decode_step_s(self, batch_size: int, context_tokens: int) -> float:
         return self.base.decode_step_s(batch_size, context_tokens) * self._factor("decode_factor")
+
+    def decode_share_factor(self) -> float:
+        return self._factor("decode_share")
 
     def dispatch_delay_s(self) -> float:
         spread = self.spreads.get("dispatch_s")

@@ -61,6 +61,11 @@ class TimingModel(Protocol):
         """Reading reused KV from the instance's "dram" or "ssd" tier into its GPUs."""
         ...
 
+    def decode_share_factor(self) -> float:
+        """On a shared host, a decode step's share of the CPU relative to processor
+        sharing's (twin/host.py): drawn from a live profile's measurement, else 1."""
+        ...
+
     def dispatch_delay_s(self) -> float:
         """One request's way from arrival to its prefill agent (the serving path's)."""
         ...

@@ -57,6 +57,9 @@ class HostShare:
     decode: tuple[DecodeStepSample, ...]
     prefill_cores: float
     decode_cores: float
+    # Each decode step's CPU time over what processor sharing at the decode cores would
+    # have given it (empty when the agents did not measure CPU time): see `share_factors`.
+    decode_share: tuple[float, ...] = ()
 
 
 def _intervals(samples: Sequence[PrefillSample | DecodeStepSample]) -> np.ndarray:
@@ -126,10 +129,12 @@ def host_share(
         is_prefill = np.arange(len(samples)) < len(prefill)
         prefill_cores = _cores_of_work(busy, solo, is_prefill, num_agents)
         decode_cores = _cores_of_work(busy, solo, ~is_prefill, num_agents) if decode else cores
+        decode_share = share_factors(busy, solo, ~is_prefill, decode_cores)
     else:
         cores = _cores_of_spread(prefill, busy, num_agents)
         prefill_cores = decode_cores = cores
         solo = busy.solo_s(cores)
+        decode_share = ()
     return HostShare(
         prefill_cores=round(prefill_cores, 2),
         decode_cores=round(decode_cores, 2),
@@ -141,7 +146,27 @@ def host_share(
         decode=tuple(
             replace(s, seconds=float(t)) for s, t in zip(decode, solo[len(prefill) :], strict=True)
         ),
+        decode_share=decode_share,
     )
+
+
+def share_factors(
+    busy: "_BusyAgents", cpu_s: np.ndarray, which: np.ndarray, cores: float
+) -> tuple[float, ...]:
+    """Each `which` sample's CPU time over the solo work processor sharing at `cores` gives
+    its interval: how much more or less of the CPU this computation got than the model's even
+    share. The scheduler is not even: at three busy agents on two cores a decode step's median
+    kept 87 % of its wall time on CPU where the even share is 67 %, and its slowest tenth kept
+    under 55 % (a wake-up runs at once; a preempted step waits out a whole time slice). The
+    twin draws these factors (twin/host.py), so its steps and prefills scatter as live's did
+    around the same mean. (Only decode steps are drawn so: a prefill of a second spans
+    hundreds of time slices and gets close to the even share, and drawing whole prefills from
+    factors that short ones dominate made the twin's long prefills scatter 3x and refuse
+    75 % more than live at speed 8; docs/fidelity.md.)"""
+    fair = busy.solo_s(cores)[which]
+    measured = cpu_s[which]
+    keep = fair > 0
+    return tuple(float(v) for v in measured[keep] / fair[keep])
 
 
 def _cores_of_work(

@@ -13,7 +13,9 @@ believes what live did.
 
 When every agent runs on one host, the times are first scaled back to what each would have
 taken alone (backend/observe/host_share.py) and the profile says in `host` how many cores
-the agents shared; the twin slows them again by how many of its agents compute at once.
+the agents shared; the twin slows them again by how many of its agents compute at once,
+each decode step by a share of the CPU drawn from how unevenly the host's scheduler shared
+it with the window's steps (`spread.decode_share`).
 """
 
 from collections.abc import Callable, Sequence
@@ -89,7 +91,7 @@ def live_profile(
         "prefill_points": prefill_points,
         "decode_points": decode_points,
         "serving": _serving(calibrator),
-        "spread": _spread(calibrator, samples, prefill, measured_steps),
+        "spread": _spread(calibrator, samples, prefill, measured_steps, share),
         "believed": believed.to_profile(),
         "measured_from": {
             "prefill": prefill_source,
@@ -196,6 +198,7 @@ def _spread(
     samples: Samples,
     prefill: PrefillFit,
     steps: dict[int, list[tuple[int, float]]],
+    share: HostShare | None,
 ) -> dict[str, list[float]]:
     """Quantiles of the measured variation (see the module docstring); parts with too few
     measurements are left out (the twin then runs them at their central times)."""
@@ -218,6 +221,9 @@ def _spread(
     if len(calibrator.serving) >= calibrator.config.min_serving_points:
         spread["dispatch_s"] = _quantiles([s.dispatch_s for s in calibrator.serving])
         spread["first_token_s"] = _quantiles([s.first_token_s for s in calibrator.serving])
+    if share is not None and len(share.decode_share) >= samples.min_decode:
+        # how unevenly the host's scheduler shared the cores with decode steps
+        spread["decode_share"] = _quantiles(list(share.decode_share))
     return spread
 
 

@@ -125,3 +125,37 @@ def test_the_twin_reads_each_roles_cores_from_a_live_profile(tmp_path) -> None:
     path.write_text(json.dumps(profile))
     cores = profile["host"]["cores"]
     assert load_timing(str(path)).host_cores == HostCores(prefill=cores, decode=cores)
+
+
+def test_decode_steps_share_factors_measure_how_unevenly_the_cpu_was_shared() -> None:
+    """Decode steps beside one prefill on one host: most got 0.9 of a core, one in five was
+    preempted and got 0.3, while processor sharing's even share of the fitted decode cores
+    lies between. Each factor is the step's CPU over that even share, so their spread is
+    what the twin draws, and their mean (weighted by the work) is about 1."""
+    prefill, decode = [], []
+    now_s = 0.0
+    for n in range(12):  # pairs of equal prefills, as above
+        solo_s = _solo_s(100 + 50 * n)
+        now_s += solo_s / 0.4
+        prefill += [PrefillSample(now_s, 100 + 50 * n, 0, solo_s / 0.4, cpu_s=solo_s)] * 2
+        now_s += 0.5
+    start_s = now_s
+    for index in range(50):
+        now_s += 0.010
+        cpu_s = 0.003 if index % 5 == 4 else 0.009
+        decode.append(DecodeStepSample(now_s, 3, 300, 0.010, cpu_s=cpu_s))
+    prefill.append(PrefillSample(now_s, 2000, 0, now_s - start_s, cpu_s=0.4 * (now_s - start_s)))
+    share = host_share(prefill, decode, num_agents=3, min_prefill_points=20)
+    assert share is not None
+    even = min(1.0, share.decode_cores / 2)  # two busy: this step and the long prefill
+    assert even == pytest.approx((4 * 0.9 + 0.3) / 5, abs=0.01)  # the work's mean share
+    factors = sorted(share.decode_share)
+    assert len(factors) == 50
+    assert factors[0] == pytest.approx(0.3 / even, rel=0.02)
+    assert factors[-1] == pytest.approx(0.9 / even, rel=0.02)
+    calibrator = Calibrator(COST)
+    calibrator.add_prefill(prefill)
+    calibrator.add_decode(decode)
+    quantiles = live_profile(calibrator, _joins("127.0.0.1", "127.0.0.1"))["spread"]
+    assert quantiles["decode_share"][0] == pytest.approx(0.3 / even, rel=0.02)
+    assert "prefill_share" not in quantiles  # prefills keep the even share

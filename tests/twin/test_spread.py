@@ -75,6 +75,13 @@ def test_a_live_profile_runs_in_the_twin_with_its_spread(tmp_path) -> None:
     assert len(steps) > 10  # each step drawn, not one constant
     # The policy's beliefs never carry the spread: stripped before the profiling sweep.
     assert policy_cost_model(timing) == policy_cost_model(load_timing(str(path), seed=9))
+    assert timing.decode_share_factor() == 1.0  # agents on no shared host: the even share
+    profile["spread"]["decode_share"] = [0.4, 1.2, 1.4]
+    path.write_text(json.dumps(profile))
+    timing = load_timing(str(path), seed=3)
+    shares = [timing.decode_share_factor() for _ in range(2000)]
+    assert 0.4 <= min(shares) < 0.5 and 1.3 < max(shares) <= 1.4
+    assert sum(s < 1.2 for s in shares) == pytest.approx(1000, rel=0.1)  # half below 1.2
 
 
 def test_a_burst_reaches_its_prefill_instance_in_order(tmp_path) -> None:
