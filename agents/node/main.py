@@ -15,6 +15,7 @@ from concurrent import futures
 
 import grpc
 
+from agents.node.allocator import steady_allocator
 from agents.node.faults import Faults
 from agents.node.heartbeat import Heartbeats
 from agents.node.metrics import AgentMetrics, MetricsServer
@@ -32,6 +33,7 @@ STOP_POLL_S = 0.1  # how often the main thread looks for SIGTERM / SIGINT
 
 def serve(settings: AgentSettings, metrics_listen: str | None = None) -> int:
     """Run the agent; prints one 'ready' line with its addresses; returns the exit code."""
+    steady_allocator()  # before any thread starts (agents/node/allocator.py)
     if settings.torch_threads is not None:
         import torch
 
@@ -57,6 +59,9 @@ def serve(settings: AgentSettings, metrics_listen: str | None = None) -> int:
     control_address = f"{host}:{port}"
     instance_id = settings.instance_id or f"{settings.role}@{control_address}"
     agent = NodeAgent(settings, instance_id, Faults.from_environ(os.environ))
+    if settings.warmup_tokens and settings.role == "prefill":
+        took_s = agent.warm_up(settings.warmup_tokens)
+        logger.info("agent %s warmed up in %.2f s", instance_id, took_s)
     metrics = AgentMetrics(agent)
     service = AgentService(agent, control_address, metrics)
     pb_grpc.add_AgentServicer_to_server(service, server)

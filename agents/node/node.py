@@ -120,6 +120,18 @@ class NodeAgent:
         self._cancelled: OrderedDict[str, str] = OrderedDict()  # request id -> reason
         self.draining = False
 
+    def warm_up(self, max_tokens: int) -> float:
+        """Compute random prompts of 64, 128, ... up to `max_tokens` tokens (nothing stored,
+        nothing handed off), so the allocator holds the memory the longest prompts need
+        before the first request comes; returns the seconds it took."""
+        started_s = time.perf_counter()
+        rng = np.random.default_rng(self.settings.seed)
+        lengths = [n for n in (64 << k for k in range(16)) if n < max_tokens] + [max_tokens]
+        for num_tokens in lengths:
+            tokens = rng.integers(0, self.model.config.vocab_size, num_tokens)
+            self.prefill_worker.prefill(tokens)
+        return time.perf_counter() - started_s
+
     # -- admission of calls ------------------------------------------------------------
     def _enter(self, role: AgentRole | None) -> None:
         with self._state:

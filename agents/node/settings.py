@@ -35,11 +35,16 @@ class AgentSettings:
     # host should split its cores: oversubscribed, each one's threads wait on the others'.
     torch_threads: int | None = None
     drain_timeout_s: float = 30.0  # after SIGTERM, how long in-flight calls may finish
+    # A prefill agent computes prompts of 64, 128, ... up to this many tokens once before it
+    # serves, so its first requests run at its steady speed (agents/node/allocator.py); 0: none.
+    warmup_tokens: int = 0
 
     def __post_init__(self) -> None:
         if self.role not in ("prefill", "decode"):
             raise ValueError(f"role must be 'prefill' or 'decode', got {self.role!r}")
         resolve_model(self.preset)  # ValueError naming the presets and real models
+        if self.warmup_tokens < 0:
+            raise ValueError(f"warm-up tokens must be >= 0, got {self.warmup_tokens}")
         if self.torch_threads is not None and self.torch_threads < 1:
             raise ValueError(f"torch threads must be at least 1, got {self.torch_threads}")
         parse_address(self.listen)

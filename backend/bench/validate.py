@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from backend.cli.children import KVCENTRIC, Child, get_json, start_local_stack
+from backend.cli.children import KVCENTRIC, WARMUP_TOKENS, Child, get_json, start_local_stack
 from backend.observe.measures import FIDELITY_METRICS, relative_error
 from backend.policy.config import PolicyConfig, json_safe, policy_from_json
 from backend.traces.loader import TraceRow, iter_trace, load_trace, parse_minutes
@@ -134,6 +134,7 @@ def run_live(
         num_decode=num_decode,
         block_size=settings.block_size,
         profile=settings.profile,
+        warmup_tokens=WARMUP_TOKENS,
         env={
             "KVC_TTFT_SLO_S": f"{settings.ttft_slo_s:.6f}",
             "KVC_TBT_SLO_S": f"{settings.tbt_slo_s:.6f}",

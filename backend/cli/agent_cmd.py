@@ -74,6 +74,14 @@ def agent_command(
         help="After SIGTERM, seconds in-flight calls get to finish before the agent exits "
         "anyway (keep it under Kubernetes' terminationGracePeriodSeconds).",
     ),
+    warmup_tokens: int = typer.Option(
+        0,
+        "--warmup-tokens",
+        min=0,
+        help="A prefill agent computes prompts of 64, 128, ... up to this many tokens once "
+        "before it serves, so its first requests run at steady speed (0: none; `kvcentric up` "
+        "uses 4096).",
+    ),
     metrics_listen: str | None = typer.Option(
         None,
         "--metrics-listen",
@@ -106,6 +114,7 @@ def agent_command(
             tbt_slo_s=tbt_slo,
             torch_threads=torch_threads,
             drain_timeout_s=drain_timeout_s,
+            warmup_tokens=warmup_tokens,
         )
         if metrics_listen is not None:
             parse_address(metrics_listen)

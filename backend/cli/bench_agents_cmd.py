@@ -67,6 +67,22 @@ def decode(
     _report("decode step", decode_benchmark(preset), as_json)
 
 
+@bench_app.command("allocator")
+def allocator(
+    preset: str = typer.Option("tiny", "--preset", help="Model preset."),
+    calls: int = typer.Option(160, "--calls", min=60, help="Prefills per variant."),
+    threads: int = typer.Option(16, "--threads", min=1, help="Threads taking turns."),
+    as_json: bool = _json_option(),
+) -> None:
+    """A young agent's prefill CPU time per token, first calls against steady, with glibc's
+    default allocator and with the agent's (agents/node/allocator.py); each in a fresh
+    process, calls taken in turn by a pool of threads as gRPC serves them."""
+    from agents.bench.allocator import allocator_benchmark
+
+    result = allocator_benchmark(preset, num_calls=calls, num_threads=threads)
+    _report("allocator", result, as_json)
+
+
 @bench_app.command("pool")
 def pool(
     block_bytes: int = typer.Option(

@@ -226,6 +226,7 @@ def agent_child(
     torch_threads: int | None = None,
     model: str = "tiny",
     host: "Host | None" = None,
+    warmup_tokens: int = 0,
 ) -> Child:
     """An agent serving `model` on free ports that joins `conductor` ("host:port"): on
     loopback, or bound to `host`'s address inside it (a virtual host of its own)."""
@@ -237,10 +238,19 @@ def agent_child(
     ]  # fmt: skip
     if torch_threads is not None:
         args += ["--torch-threads", str(torch_threads)]
+    if warmup_tokens:
+        args += ["--warmup-tokens", str(warmup_tokens)]
     if host is not None:
         args = host.command(args)
     log = logs / f"agent-{instance_id}.log"
     return Child(f"agent {instance_id}", args, env, log, stdout_pipe=False, nice=AGENT_NICE)
+
+
+# The prefill agents of a stack that replays the shipped trace compute its longest prompt
+# once before serving (3,944 tokens at the default length scale): their first requests then
+# run at steady speed, which is what a short calibration window measures
+# (agents/node/allocator.py).
+WARMUP_TOKENS = 4096
 
 
 def shared_host_threads(num_agents: int) -> int:
@@ -374,6 +384,7 @@ def start_local_stack(
     profile: str,
     env: Mapping[str, str] | None = None,
     hosts: Sequence[Host] = (),
+    warmup_tokens: int = 0,
 ) -> LocalStack:
     """Start the stack under `work_dir` (data/, logs/) and wait until every agent has joined;
     `env`: KVC_* settings of the Conductor beyond the secrets, which are generated. With
@@ -428,6 +439,7 @@ def start_local_stack(
                     logs=logs,
                     torch_threads=shared_host_threads(len(roles)),
                     host=agent_hosts[index % len(agent_hosts)] if agent_hosts else None,
+                    warmup_tokens=warmup_tokens,
                 )
             )
 

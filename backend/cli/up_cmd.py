@@ -25,6 +25,7 @@ import typer
 from backend.cli.children import (
     KVCENTRIC,
     SECRET_BYTES,
+    WARMUP_TOKENS,
     Child,
     ChildFailed,
     SupervisingThread,
@@ -208,6 +209,7 @@ def up_command(
                         logs=logs,
                         torch_threads=shared_host_threads(len(roles)),
                         model=model,
+                        warmup_tokens=WARMUP_TOKENS,
                     )
                 )
 
