@@ -91,3 +91,11 @@ def test_twin_speed_benchmark_runs_on_a_short_trace(shipped_trace, tmp_path) -> 
     assert figures["num_requests"] == 200
     assert figures["num_completed"] + figures["num_rejected"] == 200
     assert figures["faster_than_real_time"] > 0 and figures["ratio_to_policy_replay"] > 0
+
+
+def test_allocator_benchmark_reports_both_variants() -> None:
+    report = _run_json("allocator", "--calls", "60", "--threads", "4")
+    for variant in ("default", "steady"):
+        assert report[f"{variant}_first_ms_per_100"] > 0
+        assert report[f"{variant}_steady_ms_per_100"] > 0
+        assert report[f"{variant}_first_over_steady"] > 0
