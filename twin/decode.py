@@ -134,8 +134,10 @@ class DecodeInstance:
         self._report_stretch()
         self.step_s = self.timing.decode_step_s(len(self.jobs), self.context_tokens)
         if host is not None:
-            # slowed while the host is crowded, by this stretch's share of the CPU
-            self.step_s /= host.rate("decode", self.timing.decode_share_factor())
+            # slowed while the host is crowded: by the share of a core the live steps got
+            # at as many busy agents, else by processor sharing
+            rate = self.timing.decode_rate(host.num_busy)
+            self.step_s /= rate if rate is not None else host.rate("decode")
         if self.jobs and self._on_steps is not None:
             self._stretch = (len(self.jobs), self.context_tokens, self.step_s)
         if self.jobs:

@@ -5,13 +5,13 @@ got (`host`, backend/observe/host_share.py): overall, and as each role saw them 
 on a 2-CPU host the decode loop kept three quarters of its CPU time beside two prefill
 agents that kept half of theirs). The twin slows them by the same rule: while n instances
 compute at once, a prefill progresses at min(1, prefill cores / n) and a decode step at
-min(1, decode cores / n) times the step's share factor, at most 1: the CPU a step got over
-that even share, drawn from the window's (a scheduler runs a waking decode step at once and
-makes a preempted one wait a time slice, so the same mean comes as many quick steps and a
-slow tail; a prefill spans so many time slices that it gets the even share). A prefill
-counts while it computes; a decode instance while its batch is not empty. Every change of
-that rate wakes the prefills in progress (they recompute when they will end) and tells the
-decode instances, which re-time their current step.
+min(1, decode cores / n), or, where the live profile measured it, at the share of a core
+its decode steps got with n agents busy (drawn per stretch of steps: the scheduler runs
+the waking decode loop ahead of long prefills, so on a 2-CPU host it kept 80-93 % of a core
+at one to three busy agents where the even share gives 58-100 %). A prefill counts while
+it computes; a decode instance while its batch is not empty. Every change of the count
+wakes the prefills in progress (they recompute when they will end) and tells the decode
+instances, which re-time their current step.
 """
 
 from collections.abc import Callable, Generator
@@ -46,18 +46,16 @@ class SharedHost:
         self._changed = env.event()
         self._listeners: dict[object, Callable[[], None]] = {}
 
-    def rate(self, role: Role, share: float = 1.0) -> float:
-        """How fast a busy computation of `role` whose share factor is `share` progresses
-        (1 alone; less when crowded; never more than one core)."""
+    def rate(self, role: Role) -> float:
+        """How fast each busy instance of `role` progresses (1 alone; less when crowded)."""
         cores = self.cores.prefill if role == "prefill" else self.cores.decode
-        even = min(1.0, cores / self.num_busy) if self.num_busy else 1.0
-        return min(1.0, even * share)
+        return min(1.0, cores / self.num_busy) if self.num_busy else 1.0
 
     def _rates(self) -> tuple[float, float]:
         return self.rate("prefill"), self.rate("decode")
 
     def listen(self, owner: object, callback: Callable[[], None]) -> None:
-        """Call `callback` after every change of the rate that `owner` did not make itself
+        """Call `callback` after every change of the count that `owner` did not make itself
         (decode instances re-time their step)."""
         self._listeners[owner] = callback
 
@@ -89,12 +87,11 @@ class SharedHost:
             self.leave()
 
     def _notify_if_changed(self, rates_before: tuple[float, float], source: object) -> None:
-        """Wake the prefills in progress and re-time the decode batches, unless the rates
-        stayed (fewer busy instances than cores)."""
-        if self._rates() == rates_before:
-            return
-        changed, self._changed = self._changed, self.env.event()
-        changed.succeed()
+        """Wake the prefills in progress if their rate changed, and re-time the decode
+        batches (a measured decode rate depends on the count itself)."""
+        if self._rates()[0] != rates_before[0]:
+            changed, self._changed = self._changed, self.env.event()
+            changed.succeed()
         for owner, callback in self._listeners.items():
             if owner is not source:
                 callback()

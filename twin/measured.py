@@ -136,9 +136,10 @@ class MeasuredTiming:
     def load_s(self, num_bytes: int, tier: str) -> float:
         return self.storage.load_s(num_bytes, tier)
 
-    def decode_share_factor(self) -> float:
-        """Processor sharing's even share: a profile's spread draws another (twin/spread.py)."""
-        return 1.0
+    def decode_rate(self, num_busy: int) -> float | None:
+        """Processor sharing's (twin/host.py); a profile's spread draws a measured one
+        (twin/spread.py)."""
+        return None
 
     def dispatch_delay_s(self) -> float:
         return self.serving.dispatch_s

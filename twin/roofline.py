@@ -118,8 +118,8 @@ class RooflineTiming:
         """An analytic model's instances each have their own machine."""
         return None
 
-    def decode_share_factor(self) -> float:
-        return 1.0
+    def decode_rate(self, num_busy: int) -> float | None:
+        return None
 
     def dispatch_delay_s(self) -> float:
         return 0.0

@@ -3,27 +3,24 @@
 A live profile (`backend.observe.live_profile`) carries, besides the central times, the
 quantiles of what was measured around them: each prefill's and each decode step's ratio to
 the central time, the serving path's dispatch and first-token delays, and on a shared host
-each decode step's share of the CPU relative to processor sharing's
+the share of a core decode steps got at each number of busy agents
 (backend/observe/host_share.py). A twin run on it draws every duration's factor (and every
-delay, and every share) from those quantiles with a seeded
+delay, and every rate) from those quantiles with a seeded
 generator, so the tails a loaded machine shows (a prefill slowed by a decode step beside
 it, a first token waiting behind a long step) reach the twin's queues and percentiles.
 """
 
 import itertools
 import random
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from twin.wrapped import WrappedTiming
 
-SPREAD_KEYS = (
-    "prefill_factor",
-    "decode_factor",
-    "dispatch_s",
-    "first_token_s",
-    "decode_share",
-)
+SPREAD_KEYS = ("prefill_factor", "decode_factor", "dispatch_s", "first_token_s")
+# decode_rate_N: the share of a core decode steps got while N agents computed (N >= 1).
+DECODE_RATE = re.compile(r"decode_rate_([1-9][0-9]*)")
 
 
 class Quantiles:
@@ -56,7 +53,7 @@ def read_spread(data: Mapping[str, Any]) -> dict[str, Quantiles]:
     section = data.get("spread", {})
     if not isinstance(section, Mapping):
         raise ValueError("'spread' must be a JSON object")
-    unknown = sorted(set(section) - set(SPREAD_KEYS))
+    unknown = sorted(k for k in section if k not in SPREAD_KEYS and not DECODE_RATE.fullmatch(k))
     if unknown:
         raise ValueError(f"'spread' has unknown key(s): {', '.join(unknown)}")
     spreads = {}
@@ -75,6 +72,11 @@ class MeasuredSpread(WrappedTiming):
         super().__init__(base)
         self.spreads = dict(spreads)
         self._random = random.Random(seed)
+        self._decode_rates = {
+            int(match.group(1)): quantiles
+            for key, quantiles in self.spreads.items()
+            if (match := DECODE_RATE.fullmatch(key))
+        }
 
     @property
     def name(self) -> str:
@@ -90,8 +92,18 @@ class MeasuredSpread(WrappedTiming):
     def decode_step_s(self, batch_size: int, context_tokens: int) -> float:
         return self.base.decode_step_s(batch_size, context_tokens) * self._factor("decode_factor")
 
-    def decode_share_factor(self) -> float:
-        return self._factor("decode_share")
+    def decode_rate(self, num_busy: int) -> float | None:
+        """A decode step's share of a core while `num_busy` agents compute: drawn at the
+        nearest busy count measured (at most `num_busy`, else the least); beyond the most
+        crowding measured, slowed by processor sharing; None when none was measured."""
+        measured = self._decode_rates
+        if not measured:
+            return None
+        below = [n for n in measured if n <= num_busy]
+        seen = max(below) if below else min(measured)
+        rate = measured[seen].draw(self._random)
+        most = max(measured)
+        return rate * most / num_busy if num_busy > most else rate
 
     def dispatch_delay_s(self) -> float:
         spread = self.spreads.get("dispatch_s")

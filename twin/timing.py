@@ -61,9 +61,9 @@ class TimingModel(Protocol):
         """Reading reused KV from the instance's "dram" or "ssd" tier into its GPUs."""
         ...
 
-    def decode_share_factor(self) -> float:
-        """On a shared host, a decode step's share of the CPU relative to processor
-        sharing's (twin/host.py): drawn from a live profile's measurement, else 1."""
+    def decode_rate(self, num_busy: int) -> float | None:
+        """On a shared host, a decode step's share of a core while `num_busy` agents
+        compute: drawn from a live profile's measurement; None: processor sharing's."""
         ...
 
     def dispatch_delay_s(self) -> float:

@@ -54,8 +54,8 @@ class WrappedTiming:
     def load_s(self, num_bytes: int, tier: str) -> float:
         return self.base.load_s(num_bytes, tier)
 
-    def decode_share_factor(self) -> float:
-        return self.base.decode_share_factor()
+    def decode_rate(self, num_busy: int) -> float | None:
+        return self.base.decode_rate(num_busy)
 
     def dispatch_delay_s(self) -> float:
         return self.base.dispatch_delay_s()

@@ -28,7 +28,7 @@ agents (twin/host.py), so a change that crowds the host more is predicted to run
 """
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -57,9 +57,9 @@ class HostShare:
     decode: tuple[DecodeStepSample, ...]
     prefill_cores: float
     decode_cores: float
-    # Each decode step's CPU time over what processor sharing at the decode cores would
-    # have given it (empty when the agents did not measure CPU time): see `share_factors`.
-    decode_share: tuple[float, ...] = ()
+    # Each decode step's CPU time over its wall time, by how many agents computed during
+    # it (empty when the agents did not measure CPU time): see `decode_rates`.
+    decode_rates: dict[int, tuple[float, ...]] = field(default_factory=dict)
 
 
 def _intervals(samples: Sequence[PrefillSample | DecodeStepSample]) -> np.ndarray:
@@ -129,12 +129,12 @@ def host_share(
         is_prefill = np.arange(len(samples)) < len(prefill)
         prefill_cores = _cores_of_work(busy, solo, is_prefill, num_agents)
         decode_cores = _cores_of_work(busy, solo, ~is_prefill, num_agents) if decode else cores
-        decode_share = share_factors(busy, solo, ~is_prefill, decode_cores)
+        rates = decode_rates(busy, solo[len(prefill) :], len(prefill), num_agents)
     else:
         cores = _cores_of_spread(prefill, busy, num_agents)
         prefill_cores = decode_cores = cores
         solo = busy.solo_s(cores)
-        decode_share = ()
+        rates = {}
     return HostShare(
         prefill_cores=round(prefill_cores, 2),
         decode_cores=round(decode_cores, 2),
@@ -146,27 +146,35 @@ def host_share(
         decode=tuple(
             replace(s, seconds=float(t)) for s, t in zip(decode, solo[len(prefill) :], strict=True)
         ),
-        decode_share=decode_share,
+        decode_rates=rates,
     )
 
 
-def share_factors(
-    busy: "_BusyAgents", cpu_s: np.ndarray, which: np.ndarray, cores: float
-) -> tuple[float, ...]:
-    """Each `which` sample's CPU time over the solo work processor sharing at `cores` gives
-    its interval: how much more or less of the CPU this computation got than the model's even
-    share. The scheduler is not even: at three busy agents on two cores a decode step's median
-    kept 87 % of its wall time on CPU where the even share is 67 %, and its slowest tenth kept
-    under 55 % (a wake-up runs at once; a preempted step waits out a whole time slice). The
-    twin draws these factors (twin/host.py), so its steps and prefills scatter as live's did
-    around the same mean. (Only decode steps are drawn so: a prefill of a second spans
-    hundreds of time slices and gets close to the even share, and drawing whole prefills from
-    factors that short ones dominate made the twin's long prefills scatter 3x and refuse
-    75 % more than live at speed 8; docs/fidelity.md.)"""
-    fair = busy.solo_s(cores)[which]
-    measured = cpu_s[which]
-    keep = fair > 0
-    return tuple(float(v) for v in measured[keep] / fair[keep])
+def decode_rates(
+    busy: "_BusyAgents", cpu_s: np.ndarray, first: int, num_agents: int
+) -> dict[int, tuple[float, ...]]:
+    """Each decode step's CPU time over its wall time (the share of a core it got), by the
+    number of agents computing during it (its interval's mean count, rounded, itself
+    included). Processor sharing does not describe a decode loop: on a 2-CPU host with two
+    prefill agents, decode steps kept a median 93 %, 86 % and 80 % of their wall time on CPU
+    at one, two and three busy agents (speed 1; 88, 85 and 86 % at speed 8), where an even
+    share of the fitted decode cores gives 100, 87 and 58 %: the scheduler runs the waking
+    decode loop ahead of the long prefills. The twin draws a step's rate from the quantiles
+    at its own busy count (twin/spread.py). (Prefills keep processor sharing: a long one
+    spans hundreds of time slices and gets close to the even share.) `cpu_s` holds the decode
+    samples' CPU times, which are the samples from index `first` of the counted intervals."""
+    starts, ends = busy._starts[first:], busy._ends[first:]
+    counts = busy.count[:-1]
+    weighted = np.concatenate([[0.0], np.cumsum(counts * busy.widths)])
+    spans = np.concatenate([[0.0], np.cumsum(busy.widths)])
+    wall = spans[ends] - spans[starts]
+    mean_busy = np.where(wall > 0, (weighted[ends] - weighted[starts]) / np.maximum(wall, 1e-12), 1)
+    rates: dict[int, list[float]] = {}
+    for seconds, cpu, count in zip(wall, cpu_s, mean_busy, strict=True):
+        if seconds > 0:
+            key = int(min(max(round(float(count)), 1), num_agents))
+            rates.setdefault(key, []).append(min(1.0, float(cpu) / float(seconds)))
+    return {key: tuple(values) for key, values in sorted(rates.items())}
 
 
 def _cores_of_work(

@@ -127,11 +127,11 @@ def test_the_twin_reads_each_roles_cores_from_a_live_profile(tmp_path) -> None:
     assert load_timing(str(path)).host_cores == HostCores(prefill=cores, decode=cores)
 
 
-def test_decode_steps_share_factors_measure_how_unevenly_the_cpu_was_shared() -> None:
-    """Decode steps beside one prefill on one host: most got 0.9 of a core, one in five was
-    preempted and got 0.3, while processor sharing's even share of the fitted decode cores
-    lies between. Each factor is the step's CPU over that even share, so their spread is
-    what the twin draws, and their mean (weighted by the work) is about 1."""
+def test_decode_steps_rates_are_kept_by_how_many_agents_computed() -> None:
+    """Decode steps beside one prefill on one host (two busy): most got 0.9 of a core, one
+    in five was preempted and got 0.3; processor sharing's even share of the fitted decode
+    cores is their work's mean. Each step's rate is its CPU over its wall time, filed under
+    two busy agents, and the live profile carries their quantiles for the twin to draw."""
     prefill, decode = [], []
     now_s = 0.0
     for n in range(12):  # pairs of equal prefills, as above
@@ -149,13 +149,13 @@ def test_decode_steps_share_factors_measure_how_unevenly_the_cpu_was_shared() ->
     assert share is not None
     even = min(1.0, share.decode_cores / 2)  # two busy: this step and the long prefill
     assert even == pytest.approx((4 * 0.9 + 0.3) / 5, abs=0.01)  # the work's mean share
-    factors = sorted(share.decode_share)
-    assert len(factors) == 50
-    assert factors[0] == pytest.approx(0.3 / even, rel=0.02)
-    assert factors[-1] == pytest.approx(0.9 / even, rel=0.02)
+    assert set(share.decode_rates) == {2}
+    rates = sorted(share.decode_rates[2])
+    assert len(rates) == 50
+    assert rates[0] == pytest.approx(0.3) and rates[-1] == pytest.approx(0.9)
     calibrator = Calibrator(COST)
     calibrator.add_prefill(prefill)
     calibrator.add_decode(decode)
     quantiles = live_profile(calibrator, _joins("127.0.0.1", "127.0.0.1"))["spread"]
-    assert quantiles["decode_share"][0] == pytest.approx(0.3 / even, rel=0.02)
-    assert "prefill_share" not in quantiles  # prefills keep the even share
+    assert quantiles["decode_rate_2"][0] == pytest.approx(0.3)
+    assert not any(key.startswith("prefill_") and key != "prefill_factor" for key in quantiles)

@@ -78,18 +78,3 @@ def test_each_role_is_slowed_by_the_cores_it_saw() -> None:
     host.enter()
     assert host.rate("prefill") == pytest.approx(1 / 3)
     assert host.rate("decode") == pytest.approx(0.5)
-
-
-def test_a_decode_steps_share_factor_moves_its_rate_up_to_one_core() -> None:
-    # Even share at three busy on 1.5 decode cores: 0.5. A step that got 1.3x that runs at
-    # 0.65, a preempted one at 0.6x runs at 0.3; none runs faster than a whole core.
-    host = SharedHost(simpy.Environment(), HostCores(prefill=1.0, decode=1.5))
-    for _ in range(3):
-        host.enter()
-    assert host.rate("decode", 1.3) == pytest.approx(0.65)
-    assert host.rate("decode", 0.6) == pytest.approx(0.3)
-    assert host.rate("decode", 2.5) == 1.0
-    host.leave()
-    host.leave()
-    assert host.rate("decode", 1.3) == 1.0  # alone: capped at a core
-    assert host.rate("decode", 0.8) == pytest.approx(0.8)

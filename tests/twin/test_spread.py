@@ -75,13 +75,19 @@ def test_a_live_profile_runs_in_the_twin_with_its_spread(tmp_path) -> None:
     assert len(steps) > 10  # each step drawn, not one constant
     # The policy's beliefs never carry the spread: stripped before the profiling sweep.
     assert policy_cost_model(timing) == policy_cost_model(load_timing(str(path), seed=9))
-    assert timing.decode_share_factor() == 1.0  # agents on no shared host: the even share
-    profile["spread"]["decode_share"] = [0.4, 1.2, 1.4]
+    assert timing.decode_rate(2) is None  # agents on no shared host: processor sharing
+    profile["spread"] |= {"decode_rate_1": [0.9, 1.0], "decode_rate_3": [0.6, 0.8]}
     path.write_text(json.dumps(profile))
     timing = load_timing(str(path), seed=3)
-    shares = [timing.decode_share_factor() for _ in range(2000)]
-    assert 0.4 <= min(shares) < 0.5 and 1.3 < max(shares) <= 1.4
-    assert sum(s < 1.2 for s in shares) == pytest.approx(1000, rel=0.1)  # half below 1.2
+    assert all(0.9 <= timing.decode_rate(1) <= 1.0 for _ in range(100))
+    assert all(0.9 <= timing.decode_rate(2) <= 1.0 for _ in range(100))  # nearest below: 1
+    assert all(0.6 <= timing.decode_rate(3) <= 0.8 for _ in range(100))
+    # Beyond the crowding measured: slowed by processor sharing (3 busy measured, 6 now).
+    assert all(0.3 <= timing.decode_rate(6) <= 0.4 for _ in range(100))
+    profile["spread"]["decode_rate_0"] = [0.5, 1.0]
+    path.write_text(json.dumps(profile))
+    with pytest.raises(ValueError, match="decode_rate_0"):
+        load_timing(str(path))
 
 
 def test_a_burst_reaches_its_prefill_instance_in_order(tmp_path) -> None:
