@@ -9,9 +9,9 @@ min(1, decode cores / n), or, where the live profile measured it, at the share o
 its decode steps got with n agents busy (drawn per stretch of steps: the scheduler runs
 the waking decode loop ahead of long prefills, so on a 2-CPU host it kept 80-93 % of a core
 at one to three busy agents where the even share gives 58-100 %). A prefill counts while
-it computes; a decode instance while its batch is not empty. Every change of the count
-wakes the prefills in progress (they recompute when they will end) and tells the decode
-instances, which re-time their current step.
+it computes; a decode instance while its batch is not empty. A change of the prefills'
+rate wakes the prefills in progress (they recompute when they will end); every change of
+the count tells the decode instances, which re-time their current step.
 """
 
 from collections.abc import Callable, Generator
@@ -51,24 +51,21 @@ class SharedHost:
         cores = self.cores.prefill if role == "prefill" else self.cores.decode
         return min(1.0, cores / self.num_busy) if self.num_busy else 1.0
 
-    def _rates(self) -> tuple[float, float]:
-        return self.rate("prefill"), self.rate("decode")
-
     def listen(self, owner: object, callback: Callable[[], None]) -> None:
         """Call `callback` after every change of the count that `owner` did not make itself
         (decode instances re-time their step)."""
         self._listeners[owner] = callback
 
     def enter(self, owner: object = None) -> None:
-        rates = self._rates()
+        prefill_rate = self.rate("prefill")
         self.num_busy += 1
-        self._notify_if_changed(rates, owner)
+        self._notify(prefill_rate, owner)
 
     def leave(self, owner: object = None) -> None:
         assert self.num_busy > 0
-        rates = self._rates()
+        prefill_rate = self.rate("prefill")
         self.num_busy -= 1
-        self._notify_if_changed(rates, owner)
+        self._notify(prefill_rate, owner)
 
     def run(self, solo_s: float) -> Generator[Any, Any, None]:
         """Compute `solo_s` seconds of a prefill's solo work, slowed while the host is crowded."""
@@ -86,10 +83,10 @@ class SharedHost:
         finally:
             self.leave()
 
-    def _notify_if_changed(self, rates_before: tuple[float, float], source: object) -> None:
+    def _notify(self, prefill_rate_before: float, source: object) -> None:
         """Wake the prefills in progress if their rate changed, and re-time the decode
         batches (a measured decode rate depends on the count itself)."""
-        if self._rates()[0] != rates_before[0]:
+        if self.rate("prefill") != prefill_rate_before:
             changed, self._changed = self._changed, self.env.event()
             changed.succeed()
         for owner, callback in self._listeners.items():

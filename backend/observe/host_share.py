@@ -96,6 +96,14 @@ class _BusyAgents:
         busy = float(np.sum(self.widths[counts > 0]))
         return float(np.sum(self.widths[counts > num_agents])) / busy if busy > 0 else 0.0
 
+    def mean_counts(self) -> np.ndarray:
+        """Each interval's mean count over its length (itself included; 1 if empty)."""
+        weighted = np.concatenate([[0.0], np.cumsum(self.count[:-1] * self.widths)])
+        spans = np.concatenate([[0.0], np.cumsum(self.widths)])
+        lengths = spans[self._ends] - spans[self._starts]
+        summed = weighted[self._ends] - weighted[self._starts]
+        return np.where(lengths > 0, summed / np.maximum(lengths, 1e-12), 1.0)
+
     def mean_busy(self) -> float:
         counts = self.count[:-1]
         busy = counts > 0
@@ -129,7 +137,10 @@ def host_share(
         is_prefill = np.arange(len(samples)) < len(prefill)
         prefill_cores = _cores_of_work(busy, solo, is_prefill, num_agents)
         decode_cores = _cores_of_work(busy, solo, ~is_prefill, num_agents) if decode else cores
-        rates = decode_rates(busy, solo[len(prefill) :], len(prefill), num_agents)
+        is_decode = ~is_prefill
+        rates = decode_rates(
+            busy.mean_counts()[is_decode], seconds[is_decode], solo[is_decode], num_agents
+        )
     else:
         cores = _cores_of_spread(prefill, busy, num_agents)
         prefill_cores = decode_cores = cores
@@ -151,7 +162,7 @@ def host_share(
 
 
 def decode_rates(
-    busy: "_BusyAgents", cpu_s: np.ndarray, first: int, num_agents: int
+    busy_agents: np.ndarray, seconds: np.ndarray, cpu_s: np.ndarray, num_agents: int
 ) -> dict[int, tuple[float, ...]]:
     """Each decode step's CPU time over its wall time (the share of a core it got), by the
     number of agents computing during it (its interval's mean count, rounded, itself
@@ -161,19 +172,13 @@ def decode_rates(
     share of the fitted decode cores gives 100, 87 and 58 %: the scheduler runs the waking
     decode loop ahead of the long prefills. The twin draws a step's rate from the quantiles
     at its own busy count (twin/spread.py). (Prefills keep processor sharing: a long one
-    spans hundreds of time slices and gets close to the even share.) `cpu_s` holds the decode
-    samples' CPU times, which are the samples from index `first` of the counted intervals."""
-    starts, ends = busy._starts[first:], busy._ends[first:]
-    counts = busy.count[:-1]
-    weighted = np.concatenate([[0.0], np.cumsum(counts * busy.widths)])
-    spans = np.concatenate([[0.0], np.cumsum(busy.widths)])
-    wall = spans[ends] - spans[starts]
-    mean_busy = np.where(wall > 0, (weighted[ends] - weighted[starts]) / np.maximum(wall, 1e-12), 1)
+    spans hundreds of time slices and gets close to the even share.) Per step: the mean
+    count of busy agents over it, its wall seconds and its CPU seconds."""
     rates: dict[int, list[float]] = {}
-    for seconds, cpu, count in zip(wall, cpu_s, mean_busy, strict=True):
-        if seconds > 0:
+    for count, wall_s, cpu in zip(busy_agents, seconds, cpu_s, strict=True):
+        if wall_s > 0:
             key = int(min(max(round(float(count)), 1), num_agents))
-            rates.setdefault(key, []).append(min(1.0, float(cpu) / float(seconds)))
+            rates.setdefault(key, []).append(min(1.0, float(cpu) / float(wall_s)))
     return {key: tuple(values) for key, values in sorted(rates.items())}
 
 
