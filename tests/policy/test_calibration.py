@@ -137,3 +137,24 @@ def test_a_refit_with_too_few_points_does_not_delay_the_first_real_one() -> None
     calibrator.add_decode(decode)
     assert calibrator.refit(2.0).updated and calibrator.num_refits == 1
     assert not calibrator.is_due(11.0) and calibrator.is_due(12.0)
+
+
+def test_a_part_kept_for_too_few_points_is_due_as_soon_as_it_has_them() -> None:
+    """A refit of the serving path alone (its points come first, from the Conductor) must
+    not keep prefill on the old model a whole interval: it is due once it has its points."""
+    config = CalibrationConfig(refit_interval_s=10.0)
+    calibrator = Calibrator(BASE, config)
+    calibrator.add_serving(
+        ServingSample(float(i), 0.02, 0.01) for i in range(config.min_serving_points)
+    )
+    assert calibrator.refit(1.0).updated == ("serving",)
+    assert calibrator.waiting == ("prefill", "decode")
+    assert not calibrator.is_due(2.0)  # prefill and decode still have too few points
+    prefill, decode = measured(400)
+    calibrator.add_prefill(prefill)
+    assert calibrator.is_due(2.0)
+    assert calibrator.refit(2.0).updated == ("prefill", "serving")
+    assert calibrator.waiting == ("decode",) and not calibrator.is_due(3.0)
+    calibrator.add_decode(decode)
+    assert calibrator.is_due(3.0) and "decode" in calibrator.refit(3.0).updated
+    assert calibrator.waiting == () and not calibrator.is_due(12.0) and calibrator.is_due(13.0)
