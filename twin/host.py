@@ -6,12 +6,14 @@ on a 2-CPU host the decode loop kept three quarters of its CPU time beside two p
 agents that kept half of theirs). The twin slows them by the same rule: while n instances
 compute at once, a prefill progresses at min(1, prefill cores / n) and a decode step at
 min(1, decode cores / n), or, where the live profile measured it, at the share of a core
-its decode steps got with n agents busy (drawn per stretch of steps: the scheduler runs
-the waking decode loop ahead of long prefills, so on a 2-CPU host it kept 80-93 % of a core
-at one to three busy agents where the even share gives 58-100 %). A prefill counts while
-it computes; a decode instance while its batch is not empty. A change of the prefills'
-rate wakes the prefills in progress (they recompute when they will end); every change of
-the count tells the decode instances, which re-time their current step.
+its decode steps or prefills got with n agents busy: decode steps drawn per stretch of
+steps (the scheduler runs the waking decode loop ahead of long prefills, so on a 2-CPU host
+it kept 80-93 % of a core at one to three busy agents where the even share gives 58-100 %),
+a prefill at one place in the measured spread for its whole length (a short prefill gets
+a core at once or waits: 1.2x to 4.3x its CPU time where the even share gives 2.1x). A
+prefill counts while it computes; a decode instance while its batch is not empty. Every
+change of the count wakes the prefills in progress (they recompute when they will end)
+and tells the decode instances, which re-time their current step.
 """
 
 from collections.abc import Callable, Generator
@@ -57,24 +59,26 @@ class SharedHost:
         self._listeners[owner] = callback
 
     def enter(self, owner: object = None) -> None:
-        prefill_rate = self.rate("prefill")
         self.num_busy += 1
-        self._notify(prefill_rate, owner)
+        self._notify(owner)
 
     def leave(self, owner: object = None) -> None:
         assert self.num_busy > 0
-        prefill_rate = self.rate("prefill")
         self.num_busy -= 1
-        self._notify(prefill_rate, owner)
+        self._notify(owner)
 
-    def run(self, solo_s: float) -> Generator[Any, Any, None]:
-        """Compute `solo_s` seconds of a prefill's solo work, slowed while the host is crowded."""
+    def run(
+        self, solo_s: float, share: Callable[[int], float] | None = None
+    ) -> Generator[Any, Any, None]:
+        """Compute `solo_s` seconds of a prefill's solo work, slowed while the host is
+        crowded: at `share(busy agents)` of a core where given, else processor sharing's."""
         env = self.env
         self.enter()
         remaining_s = solo_s
         try:
             while True:
-                rate, started_s, changed = self.rate("prefill"), env.now, self._changed
+                rate = share(self.num_busy) if share is not None else self.rate("prefill")
+                started_s, changed = env.now, self._changed
                 timer = env.timeout(remaining_s / rate)
                 yield env.any_of([timer, changed])
                 if timer.processed:
@@ -83,12 +87,11 @@ class SharedHost:
         finally:
             self.leave()
 
-    def _notify(self, prefill_rate_before: float, source: object) -> None:
-        """Wake the prefills in progress if their rate changed, and re-time the decode
-        batches (a measured decode rate depends on the count itself)."""
-        if self.rate("prefill") != prefill_rate_before:
-            changed, self._changed = self._changed, self.env.event()
-            changed.succeed()
+    def _notify(self, source: object) -> None:
+        """Wake the prefills in progress and re-time the decode batches: their rates
+        depend on the count."""
+        changed, self._changed = self._changed, self.env.event()
+        changed.succeed()
         for owner, callback in self._listeners.items():
             if owner is not source:
                 callback()

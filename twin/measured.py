@@ -9,7 +9,7 @@ the measured range the edge segments extend linearly; results are clamped at zer
 
 import bisect
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -139,6 +139,10 @@ class MeasuredTiming:
     def decode_rate(self, num_busy: int) -> float | None:
         """Processor sharing's (twin/host.py); a profile's spread draws a measured one
         (twin/spread.py)."""
+        return None
+
+    def prefill_share(self) -> Callable[[int], float] | None:
+        """Processor sharing's, as `decode_rate`."""
         return None
 
     def dispatch_delay_s(self) -> float:

@@ -99,7 +99,7 @@ class PrefillInstance:
         if self.host is None:
             yield env.timeout(solo_s)
         else:  # slowed while other instances compute on the same host
-            yield from self.host.run(solo_s)
+            yield from self.host.run(solo_s, self.timing.prefill_share())
         job.compute_s = env.now - started_s
         for member, turn in zip(members, turns, strict=True):
             member.compute.release(turn)

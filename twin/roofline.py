@@ -9,7 +9,7 @@ Overhead = num_layers * per_layer_overhead_s + per_pass_overhead_s (kernel launc
 docs/twin-timing.md derives the paper profile's figures from these formulas.
 """
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -119,6 +119,9 @@ class RooflineTiming:
         return None
 
     def decode_rate(self, num_busy: int) -> float | None:
+        return None
+
+    def prefill_share(self) -> Callable[[int], float] | None:
         return None
 
     def dispatch_delay_s(self) -> float:

@@ -3,7 +3,7 @@
 A live profile (`backend.observe.live_profile`) carries, besides the central times, the
 quantiles of what was measured around them: each prefill's and each decode step's ratio to
 the central time, the serving path's dispatch and first-token delays, and on a shared host
-the share of a core decode steps got at each number of busy agents
+the share of a core decode steps and prefills got at each number of busy agents
 (backend/observe/host_share.py). A twin run on it draws every duration's factor (and every
 delay, and every rate) from those quantiles with a seeded
 generator, so the tails a loaded machine shows (a prefill slowed by a decode step beside
@@ -13,14 +13,16 @@ it, a first token waiting behind a long step) reach the twin's queues and percen
 import itertools
 import random
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from twin.wrapped import WrappedTiming
 
 SPREAD_KEYS = ("prefill_factor", "decode_factor", "dispatch_s", "first_token_s")
-# decode_rate_N: the share of a core decode steps got while N agents computed (N >= 1).
+# decode_rate_N / prefill_rate_N: the share of a core decode steps / prefills got while N
+# agents computed (N >= 1).
 DECODE_RATE = re.compile(r"decode_rate_([1-9][0-9]*)")
+PREFILL_RATE = re.compile(r"prefill_rate_([1-9][0-9]*)")
 
 
 class Quantiles:
@@ -53,7 +55,11 @@ def read_spread(data: Mapping[str, Any]) -> dict[str, Quantiles]:
     section = data.get("spread", {})
     if not isinstance(section, Mapping):
         raise ValueError("'spread' must be a JSON object")
-    unknown = sorted(k for k in section if k not in SPREAD_KEYS and not DECODE_RATE.fullmatch(k))
+    unknown = sorted(
+        k
+        for k in section
+        if k not in SPREAD_KEYS and not (DECODE_RATE.fullmatch(k) or PREFILL_RATE.fullmatch(k))
+    )
     if unknown:
         raise ValueError(f"'spread' has unknown key(s): {', '.join(unknown)}")
     spreads = {}
@@ -72,11 +78,8 @@ class MeasuredSpread(WrappedTiming):
         super().__init__(base)
         self.spreads = dict(spreads)
         self._random = random.Random(seed)
-        self._decode_rates = {
-            int(match.group(1)): quantiles
-            for key, quantiles in self.spreads.items()
-            if (match := DECODE_RATE.fullmatch(key))
-        }
+        self._decode_rates = _by_count(self.spreads, DECODE_RATE)
+        self._prefill_rates = _by_count(self.spreads, PREFILL_RATE)
 
     @property
     def name(self) -> str:
@@ -99,11 +102,18 @@ class MeasuredSpread(WrappedTiming):
         measured = self._decode_rates
         if not measured:
             return None
-        below = [n for n in measured if n <= num_busy]
-        seen = max(below) if below else min(measured)
-        rate = measured[seen].draw(self._random)
-        most = max(measured)
-        return rate * most / num_busy if num_busy > most else rate
+        return _rate_at(measured, num_busy, self._random.random())
+
+    def prefill_share(self) -> Callable[[int], float] | None:
+        """One prefill's share of a core by busy agents, as `decode_rate` reads it, at one
+        quantile drawn for the whole prefill (a prefill keeps its luck with the scheduler:
+        live's short ones got a core at once or waited, 1.2x to 4.3x their CPU time at one
+        count); None when none was measured."""
+        measured = self._prefill_rates
+        if not measured:
+            return None
+        quantile = self._random.random()
+        return lambda num_busy: _rate_at(measured, num_busy, quantile)
 
     def dispatch_delay_s(self) -> float:
         spread = self.spreads.get("dispatch_s")
@@ -112,3 +122,21 @@ class MeasuredSpread(WrappedTiming):
     def first_token_delay_s(self) -> float:
         spread = self.spreads.get("first_token_s")
         return spread.draw(self._random) if spread is not None else self.serving.first_token_s
+
+
+def _by_count(spreads: Mapping[str, Quantiles], pattern: re.Pattern[str]) -> dict[int, Quantiles]:
+    return {
+        int(match.group(1)): quantiles
+        for key, quantiles in spreads.items()
+        if (match := pattern.fullmatch(key))
+    }
+
+
+def _rate_at(measured: Mapping[int, Quantiles], num_busy: int, quantile: float) -> float:
+    """The rate at `quantile` at the nearest busy count measured (at most `num_busy`, else
+    the least); beyond the most crowding measured, slowed by processor sharing."""
+    below = [n for n in measured if n <= num_busy]
+    seen = max(below) if below else min(measured)
+    rate = measured[seen].at(quantile)
+    most = max(measured)
+    return rate * most / num_busy if num_busy > most else rate

@@ -9,6 +9,7 @@ twin are those of a real deployment.
 """
 
 import random
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from backend.policy import CostModel, LinkModel
@@ -64,6 +65,12 @@ class TimingModel(Protocol):
     def decode_rate(self, num_busy: int) -> float | None:
         """On a shared host, a decode step's share of a core while `num_busy` agents
         compute: drawn from a live profile's measurement; None: processor sharing's."""
+        ...
+
+    def prefill_share(self) -> Callable[[int], float] | None:
+        """On a shared host, one prefill's share of a core by the number of agents
+        computing, its place in a live profile's measured spread drawn once per prefill;
+        None: processor sharing's."""
         ...
 
     def dispatch_delay_s(self) -> float:

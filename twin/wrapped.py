@@ -1,6 +1,7 @@
 """WrappedTiming: a timing model that answers as the one it wraps, for wrappers (noise, a
 live profile's measured spread) to override only what they change."""
 
+from collections.abc import Callable
 from typing import Any
 
 from backend.policy.cost_model import ServingFit
@@ -56,6 +57,9 @@ class WrappedTiming:
 
     def decode_rate(self, num_busy: int) -> float | None:
         return self.base.decode_rate(num_busy)
+
+    def prefill_share(self) -> Callable[[int], float] | None:
+        return self.base.prefill_share()
 
     def dispatch_delay_s(self) -> float:
         return self.base.dispatch_delay_s()

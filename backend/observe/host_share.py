@@ -60,6 +60,8 @@ class HostShare:
     # Each decode step's CPU time over its wall time, by how many agents computed during
     # it (empty when the agents did not measure CPU time): see `decode_rates`.
     decode_rates: dict[int, tuple[float, ...]] = field(default_factory=dict)
+    # The same of each prefill: see `prefill_rates`.
+    prefill_rates: dict[int, tuple[float, ...]] = field(default_factory=dict)
 
 
 def _intervals(samples: Sequence[PrefillSample | DecodeStepSample]) -> np.ndarray:
@@ -138,14 +140,16 @@ def host_share(
         prefill_cores = _cores_of_work(busy, solo, is_prefill, num_agents)
         decode_cores = _cores_of_work(busy, solo, ~is_prefill, num_agents) if decode else cores
         is_decode = ~is_prefill
-        rates = decode_rates(
-            busy.mean_counts()[is_decode], seconds[is_decode], solo[is_decode], num_agents
+        counts = busy.mean_counts()
+        rates = decode_rates(counts[is_decode], seconds[is_decode], solo[is_decode], num_agents)
+        prefill_rates_ = prefill_rates(
+            counts[is_prefill], seconds[is_prefill], solo[is_prefill], num_agents
         )
     else:
         cores = _cores_of_spread(prefill, busy, num_agents)
         prefill_cores = decode_cores = cores
         solo = busy.solo_s(cores)
-        rates = {}
+        rates, prefill_rates_ = {}, {}
     return HostShare(
         prefill_cores=round(prefill_cores, 2),
         decode_cores=round(decode_cores, 2),
@@ -158,6 +162,7 @@ def host_share(
             replace(s, seconds=float(t)) for s, t in zip(decode, solo[len(prefill) :], strict=True)
         ),
         decode_rates=rates,
+        prefill_rates=prefill_rates_,
     )
 
 
@@ -171,9 +176,27 @@ def decode_rates(
     at one, two and three busy agents (speed 1; 88, 85 and 86 % at speed 8), where an even
     share of the fitted decode cores gives 100, 87 and 58 %: the scheduler runs the waking
     decode loop ahead of the long prefills. The twin draws a step's rate from the quantiles
-    at its own busy count (twin/spread.py). (Prefills keep processor sharing: a long one
-    spans hundreds of time slices and gets close to the even share.) Per step: the mean
-    count of busy agents over it, its wall seconds and its CPU seconds."""
+    at its own busy count (twin/spread.py); prefills likewise (`prefill_rates`). Per step:
+    the mean count of busy agents over it, its wall seconds and its CPU seconds."""
+    return _rates_by_busy(busy_agents, seconds, cpu_s, num_agents)
+
+
+def prefill_rates(
+    busy_agents: np.ndarray, seconds: np.ndarray, cpu_s: np.ndarray, num_agents: int
+) -> dict[int, tuple[float, ...]]:
+    """Each prefill's CPU time over its wall time, by busy agents, as `decode_rates`.
+    Processor sharing gives every prefill of a crowded host the same share; live's scatter
+    widely: at speed 8 on a 2-CPU host with three busy agents, prefills took 1.2x to 4.3x
+    their CPU time (p10-p90; processor sharing's share: 2.1x), a short one being a few
+    time slices that the scheduler gives it at once or late. The Conductor's estimates
+    (its pace, its queues) err with that scatter, and so its admission; the twin draws
+    each prefill's place in the measured spread once (twin/spread.py)."""
+    return _rates_by_busy(busy_agents, seconds, cpu_s, num_agents)
+
+
+def _rates_by_busy(
+    busy_agents: np.ndarray, seconds: np.ndarray, cpu_s: np.ndarray, num_agents: int
+) -> dict[int, tuple[float, ...]]:
     rates: dict[int, list[float]] = {}
     for count, wall_s, cpu in zip(busy_agents, seconds, cpu_s, strict=True):
         if wall_s > 0:

@@ -14,8 +14,8 @@ believes what live did.
 When every agent runs on one host, the times are first scaled back to what each would have
 taken alone (backend/observe/host_share.py) and the profile says in `host` how many cores
 the agents shared; the twin slows them again by how many of its agents compute at once,
-decode steps at a share of a core drawn from what the window's steps got at as many busy
-agents (`spread.decode_rate_N`).
+decode steps and prefills at a share of a core drawn from what the window's steps and
+prefills got at as many busy agents (`spread.decode_rate_N`, `spread.prefill_rate_N`).
 """
 
 from collections.abc import Callable, Sequence
@@ -32,6 +32,7 @@ from backend.rpc.reports import Join
 NUM_QUANTILES = 41  # every 2.5 %
 MIN_STEPS_PER_BATCH = 5  # a batch size measured less often takes the fit's times
 MIN_STEPS_PER_RATE = 20  # decode steps at one busy count needed for its rates' quantiles
+MIN_PREFILLS_PER_RATE = 20  # the same of prefills
 BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
 CONTEXT_PER_REQUEST_TOKENS = (16, 64, 256, 1024, 4096)
 
@@ -222,10 +223,13 @@ def _spread(
     if len(calibrator.serving) >= calibrator.config.min_serving_points:
         spread["dispatch_s"] = _quantiles([s.dispatch_s for s in calibrator.serving])
         spread["first_token_s"] = _quantiles([s.first_token_s for s in calibrator.serving])
-    if share is not None:  # the share of a core decode steps got, by busy agents
+    if share is not None:  # the share of a core decode steps and prefills got, by busy agents
         for busy_agents, rates in share.decode_rates.items():
             if len(rates) >= MIN_STEPS_PER_RATE:
                 spread[f"decode_rate_{busy_agents}"] = _quantiles(list(rates))
+        for busy_agents, rates in share.prefill_rates.items():
+            if len(rates) >= MIN_PREFILLS_PER_RATE:
+                spread[f"prefill_rate_{busy_agents}"] = _quantiles(list(rates))
     return spread
 
 

@@ -127,7 +127,7 @@ def test_the_twin_reads_each_roles_cores_from_a_live_profile(tmp_path) -> None:
     assert load_timing(str(path)).host_cores == HostCores(prefill=cores, decode=cores)
 
 
-def test_decode_steps_rates_are_kept_by_how_many_agents_computed() -> None:
+def test_decode_steps_and_prefills_rates_are_kept_by_how_many_agents_computed() -> None:
     """Decode steps beside one prefill on one host (two busy): most got 0.9 of a core, one
     in five was preempted and got 0.3; processor sharing's even share of the fitted decode
     cores is their work's mean. Each step's rate is its CPU over its wall time, filed under
@@ -158,4 +158,7 @@ def test_decode_steps_rates_are_kept_by_how_many_agents_computed() -> None:
     calibrator.add_decode(decode)
     quantiles = live_profile(calibrator, _joins("127.0.0.1", "127.0.0.1"))["spread"]
     assert quantiles["decode_rate_2"][0] == pytest.approx(0.3)
-    assert not any(key.startswith("prefill_") and key != "prefill_factor" for key in quantiles)
+    # The prefills (24 at 0.4 of a core while paired, the long one beside the steps) too.
+    assert 24 <= sum(len(r) for r in share.prefill_rates.values()) <= 25
+    assert all(r == pytest.approx(0.4) for r in share.prefill_rates[2])
+    assert quantiles["prefill_rate_2"][0] == pytest.approx(0.4)

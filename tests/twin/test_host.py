@@ -78,3 +78,24 @@ def test_each_role_is_slowed_by_the_cores_it_saw() -> None:
     host.enter()
     assert host.rate("prefill") == pytest.approx(1 / 3)
     assert host.rate("decode") == pytest.approx(0.5)
+
+
+def test_a_prefill_at_its_measured_share_keeps_its_place_as_the_count_changes() -> None:
+    """A measured share replaces processor sharing: a 1 s prefill at half a core while two
+    compute, alone at 0.9; the share is read again at every change of the count."""
+    env = simpy.Environment()
+    host = SharedHost(env, HostCores(1.0, 1.0))
+    ends: dict[str, float] = {}
+    shares = {1: 0.9, 2: 0.5}
+
+    def job(name: str, start_s: float, solo_s: float, share):  # type: ignore[no-untyped-def]
+        yield env.timeout(start_s)
+        yield from host.run(solo_s, share)
+        ends[name] = env.now
+
+    env.process(job("measured", 0.0, 1.0, lambda n: shares[min(n, 2)]))
+    env.process(job("other", 0.0, 0.25, None))  # processor sharing's 0.5 while two compute
+    env.run()
+    # Both at 0.5 until the other's 0.25 s of work ends at 0.5 s; then 0.75 s left at 0.9.
+    assert ends["other"] == pytest.approx(0.5)
+    assert ends["measured"] == pytest.approx(0.5 + 0.75 / 0.9)

@@ -84,6 +84,18 @@ def test_a_live_profile_runs_in_the_twin_with_its_spread(tmp_path) -> None:
     assert all(0.6 <= timing.decode_rate(3) <= 0.8 for _ in range(100))
     # Beyond the crowding measured: slowed by processor sharing (3 busy measured, 6 now).
     assert all(0.3 <= timing.decode_rate(6) <= 0.4 for _ in range(100))
+    # A prefill's share: one place in the spread for its whole length, read at each count.
+    assert timing.prefill_share() is None
+    profile["spread"] |= {"prefill_rate_1": [0.8, 1.0], "prefill_rate_3": [0.2, 0.6]}
+    path.write_text(json.dumps(profile))
+    timing = load_timing(str(path), seed=3)
+    for _ in range(50):
+        share = timing.prefill_share()
+        assert share is not None
+        place = (share(3) - 0.2) / 0.4  # the same quantile at every count
+        assert 0.0 <= place <= 1.0
+        assert share(1) == pytest.approx(0.8 + 0.2 * place) == share(2)
+        assert share(6) == pytest.approx(share(3) / 2)
     profile["spread"]["decode_rate_0"] = [0.5, 1.0]
     path.write_text(json.dumps(profile))
     with pytest.raises(ValueError, match="decode_rate_0"):
