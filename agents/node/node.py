@@ -20,6 +20,7 @@ from agents.node import prefix as prefixes
 from agents.node.decode_loop import DecodeLoop, Stream
 from agents.node.faults import Faults, corrupting_last_block
 from agents.node.handoff import HandoffInbox, blocks_as_tensors, push_kv
+from agents.node.line import PrefillLine
 from agents.node.prefix import PlanError
 from agents.node.settings import AgentRole, AgentSettings
 from agents.pool import CorruptBlock, KvEvent, KvPoolShard, ShardStats
@@ -108,7 +109,7 @@ class NodeAgent:
             settings.transport, secret=settings.secret, source=source, sink=self.inbox.put
         )
         self.data_address = self.transport.start(settings.data_listen)
-        self._prefill_lock = threading.Lock()  # one prefill at a time
+        self._prefill_line = PrefillLine()  # one prefill at a time, in the Conductor's order
         self._state = threading.Condition()  # guards the counters and events below
         self._events: list[KvEvent] = []
         self._prefill_samples: deque[PrefillSample] = deque(maxlen=MAX_PREFILL_SAMPLES)
@@ -164,7 +165,10 @@ class NodeAgent:
         decode_address: str = "",
         sampling: SamplingParams = SamplingParams(),
         return_logits: bool = False,
+        line_position: int = 0,
     ) -> PrefillOutcome:
+        """Run one prefill when its turn comes: the waiting ones go by `line_position`
+        (their place in the Conductor's line; 0: first come first served)."""
         if not request_id:
             raise PlanError("INVALID_ARGUMENT", "a request id is required")
         tokens = np.asarray(token_ids, dtype=np.int64)
@@ -180,7 +184,7 @@ class NodeAgent:
                 self._queued_tokens += tokens.size
             queued_s = time.perf_counter()
             try:
-                with self._prefill_lock:
+                with self._prefill_line.turn(line_position):
                     with self._state:
                         self._num_prefill_queued -= 1
                         self._num_prefill_running += 1

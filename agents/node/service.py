@@ -84,6 +84,7 @@ class AgentService(pb_grpc.AgentServicer):
                 decode_address=request.decode_data_address,
                 sampling=_sampling(request.sampling),
                 return_logits=request.return_logits,
+                line_position=request.line_position,
             )
         except PlanError as error:
             _abort(context, error)

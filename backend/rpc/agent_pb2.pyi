@@ -96,7 +96,7 @@ class TokenLogprob(_message.Message):
     def __init__(self, token: _Optional[int] = ..., logprob: _Optional[float] = ...) -> None: ...
 
 class DispatchPrefillRequest(_message.Message):
-    __slots__ = ("request_id", "token_ids", "plan", "replicate", "decode_instance_id", "decode_data_address", "sampling", "return_logits")
+    __slots__ = ("request_id", "token_ids", "plan", "replicate", "decode_instance_id", "decode_data_address", "sampling", "return_logits", "line_position")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     PLAN_FIELD_NUMBER: _ClassVar[int]
@@ -105,6 +105,7 @@ class DispatchPrefillRequest(_message.Message):
     DECODE_DATA_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     RETURN_LOGITS_FIELD_NUMBER: _ClassVar[int]
+    LINE_POSITION_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     plan: CachePlan
@@ -113,7 +114,8 @@ class DispatchPrefillRequest(_message.Message):
     decode_data_address: str
     sampling: Sampling
     return_logits: bool
-    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., plan: _Optional[_Union[CachePlan, _Mapping]] = ..., replicate: _Optional[bool] = ..., decode_instance_id: _Optional[str] = ..., decode_data_address: _Optional[str] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., return_logits: _Optional[bool] = ...) -> None: ...
+    line_position: int
+    def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., plan: _Optional[_Union[CachePlan, _Mapping]] = ..., replicate: _Optional[bool] = ..., decode_instance_id: _Optional[str] = ..., decode_data_address: _Optional[str] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., return_logits: _Optional[bool] = ..., line_position: _Optional[int] = ...) -> None: ...
 
 class PrefillTimings(_message.Message):
     __slots__ = ("queue_s", "load_s", "fetch_s", "compute_s", "load_wait_s", "store_wait_s", "store_s", "handoff_s", "total_s", "cpu_s")

@@ -84,9 +84,12 @@ def dispatch_prefill_to_proto(
     *,
     replicate: bool = False,
     return_logits: bool = False,
+    line_position: int = 0,
 ) -> pb.DispatchPrefillRequest:
-    """The request for `effect.instance_id`; `replicate` when a Replicate effect came with it."""
+    """The request for `effect.instance_id`; `replicate` when a Replicate effect came with it;
+    `line_position`: its place in the Conductor's line for that agent (0: none)."""
     return pb.DispatchPrefillRequest(
+        line_position=line_position,
         request_id=effect.request_id,
         token_ids=token_ids,
         plan=cache_plan_to_proto(effect.plan, data_addresses),

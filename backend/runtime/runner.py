@@ -85,6 +85,8 @@ class RequestRunner:
         self._leave = leave  # AgentRegistry.leave: blocking, so called off the loop
         self._cancel = cancel  # ConductorRuntime.cancel: ends a request its agent dropped
         self._lines: dict[str, deque[str]] = {}  # under the state's lock
+        # Each line's last position handed out: the agent runs its waiting prefills in it.
+        self._line_positions: dict[str, int] = {}
         # The loop's own: one channel per agent, made and closed on the loop.
         self._channels: dict[str, tuple[str, grpc.aio.Channel, pb_grpc.AgentStub]] = {}
         self._tasks: set[asyncio.Task] = set()
@@ -226,9 +228,12 @@ class RequestRunner:
             prefill_id = effect.instance_id
             stream.call = _TaskCall(self._loop, asyncio.current_task())  # type: ignore[arg-type]
             after = self._executor.apply(self._join_line(prefill_id, stream.request_id))
+            position = self._line_positions[prefill_id] = (
+                self._line_positions.get(prefill_id, 0) + 1
+            )
         run_after(after)
         request = dispatch_prefill_to_proto(
-            effect, stream.token_ids, addresses, replicate=replicate
+            effect, stream.token_ids, addresses, replicate=replicate, line_position=position
         )
         request.sampling.CopyFrom(_sampling_to_proto(stream.sampling))
         try:
