@@ -46,3 +46,21 @@ def test_batches_beyond_the_window_grow_as_the_starting_profile_measured() -> No
         [(s.batch_size, s.context_tokens, s.seconds) for s in _window().decode], robust=True
     )
     assert rows[8][0]["seconds"] < 0.85 * window_fit.step_s(8, rows[8][0]["context_tokens"])
+
+
+def test_the_link_is_the_one_the_fetches_measured() -> None:
+    """The Conductor's measured pairs set the profile's link (their median bandwidth); with
+    none measured, or none that took time, the believed link stays."""
+    assert live_profile(_window(), AGENTS)["link"]["bandwidth_bytes_per_s"] == 1e9
+    measured = [
+        {"source": "p0", "destination": "p1", "bandwidth_bytes_per_s": 2e8, "num_measurements": 4},
+        {"source": "p1", "destination": "p0", "bandwidth_bytes_per_s": 4e8, "num_measurements": 2},
+        {"source": "p1", "destination": "p2", "bandwidth_bytes_per_s": 9e8, "num_measurements": 1},
+        {"source": "p2", "destination": "p0", "bandwidth_bytes_per_s": None, "num_measurements": 1},
+    ]
+    profile = live_profile(_window(), AGENTS, links=measured)
+    assert profile["link"] == {"bandwidth_bytes_per_s": 4e8, "latency_s": 0.0}
+    assert profile["measured_from"]["link"] == "3 measured pair(s)"
+    unusable = live_profile(_window(), AGENTS, links=measured[3:])
+    assert unusable["link"]["bandwidth_bytes_per_s"] == 1e9
+    assert unusable["measured_from"]["link"] == "believed"

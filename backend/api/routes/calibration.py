@@ -31,6 +31,7 @@ def read_calibration(
         residuals = calibrator.residuals()
         window = calibrator.snapshot()
         joins = [agent.join for agent in runtime.agents_locked()]
+        links = runtime.core.links.snapshot()
         view: dict[str, Any] = {
             "enabled": runtime.calibrate,
             "status": "calibrated"
@@ -55,5 +56,5 @@ def read_calibration(
             "decode": residuals["decode"][-max_points:] if max_points else [],
         }
     # The profile's fits read the snapshot, so requests are not held up behind them.
-    view["profile"] = live_profile(window, joins)
+    view["profile"] = live_profile(window, joins, links=links)
     return view
