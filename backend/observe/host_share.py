@@ -58,9 +58,9 @@ class HostShare:
     prefill_cores: float
     decode_cores: float
     # Each decode step's CPU time over its wall time, by how many agents computed during
-    # it (empty when the agents did not measure CPU time): see `decode_rates`.
+    # it (empty when the agents did not measure CPU time): see `rates_by_busy`.
     decode_rates: dict[int, tuple[float, ...]] = field(default_factory=dict)
-    # The same of each prefill: see `prefill_rates`.
+    # The same of each prefill.
     prefill_rates: dict[int, tuple[float, ...]] = field(default_factory=dict)
 
 
@@ -141,15 +141,15 @@ def host_share(
         decode_cores = _cores_of_work(busy, solo, ~is_prefill, num_agents) if decode else cores
         is_decode = ~is_prefill
         counts = busy.mean_counts()
-        rates = decode_rates(counts[is_decode], seconds[is_decode], solo[is_decode], num_agents)
-        prefill_rates_ = prefill_rates(
+        rates = rates_by_busy(counts[is_decode], seconds[is_decode], solo[is_decode], num_agents)
+        prefill_rates = rates_by_busy(
             counts[is_prefill], seconds[is_prefill], solo[is_prefill], num_agents
         )
     else:
         cores = _cores_of_spread(prefill, busy, num_agents)
         prefill_cores = decode_cores = cores
         solo = busy.solo_s(cores)
-        rates, prefill_rates_ = {}, {}
+        rates, prefill_rates = {}, {}
     return HostShare(
         prefill_cores=round(prefill_cores, 2),
         decode_cores=round(decode_cores, 2),
@@ -162,41 +162,27 @@ def host_share(
             replace(s, seconds=float(t)) for s, t in zip(decode, solo[len(prefill) :], strict=True)
         ),
         decode_rates=rates,
-        prefill_rates=prefill_rates_,
+        prefill_rates=prefill_rates,
     )
 
 
-def decode_rates(
+def rates_by_busy(
     busy_agents: np.ndarray, seconds: np.ndarray, cpu_s: np.ndarray, num_agents: int
 ) -> dict[int, tuple[float, ...]]:
-    """Each decode step's CPU time over its wall time (the share of a core it got), by the
+    """Each computation's CPU time over its wall time (the share of a core it got), by the
     number of agents computing during it (its interval's mean count, rounded, itself
-    included). Processor sharing does not describe a decode loop: on a 2-CPU host with two
-    prefill agents, decode steps kept a median 93 %, 86 % and 80 % of their wall time on CPU
-    at one, two and three busy agents (speed 1; 88, 85 and 86 % at speed 8), where an even
-    share of the fitted decode cores gives 100, 87 and 58 %: the scheduler runs the waking
-    decode loop ahead of the long prefills. The twin draws a step's rate from the quantiles
-    at its own busy count (twin/spread.py); prefills likewise (`prefill_rates`). Per step:
-    the mean count of busy agents over it, its wall seconds and its CPU seconds."""
-    return _rates_by_busy(busy_agents, seconds, cpu_s, num_agents)
+    included); given per computation: that mean count, its wall and its CPU seconds.
 
-
-def prefill_rates(
-    busy_agents: np.ndarray, seconds: np.ndarray, cpu_s: np.ndarray, num_agents: int
-) -> dict[int, tuple[float, ...]]:
-    """Each prefill's CPU time over its wall time, by busy agents, as `decode_rates`.
-    Processor sharing gives every prefill of a crowded host the same share; live's scatter
-    widely: at speed 8 on a 2-CPU host with three busy agents, prefills took 1.2x to 4.3x
-    their CPU time (p10-p90; processor sharing's share: 2.1x), a short one being a few
-    time slices that the scheduler gives it at once or late. The Conductor's estimates
-    (its pace, its queues) err with that scatter, and so its admission; the twin draws
-    each prefill's place in the measured spread once (twin/spread.py)."""
-    return _rates_by_busy(busy_agents, seconds, cpu_s, num_agents)
-
-
-def _rates_by_busy(
-    busy_agents: np.ndarray, seconds: np.ndarray, cpu_s: np.ndarray, num_agents: int
-) -> dict[int, tuple[float, ...]]:
+    Processor sharing describes neither role. Decode steps on a 2-CPU host with two prefill
+    agents kept a median 93 %, 86 % and 80 % of their wall time on CPU at one, two and three
+    busy agents (speed 1; 88, 85 and 86 % at speed 8), where an even share of the fitted
+    decode cores gives 100, 87 and 58 %: the scheduler runs the waking decode loop ahead of
+    the long prefills. Prefills at three busy agents took 1.2x to 4.3x their CPU time
+    (p10-p90, speed 8) where the even share gives every one 2.1x: a short one is a few time
+    slices the scheduler gives at once or late, and the Conductor's estimates (its pace, its
+    queues), and so its admission, err with that scatter. The twin draws from the quantiles
+    at its own busy count (twin/spread.py): a rate per stretch of decode steps, one place in
+    the spread per prefill."""
     rates: dict[int, list[float]] = {}
     for count, wall_s, cpu in zip(busy_agents, seconds, cpu_s, strict=True):
         if wall_s > 0:

@@ -38,8 +38,7 @@ from backend.rpc.reports import Join
 
 NUM_QUANTILES = 41  # every 2.5 %
 MIN_STEPS_PER_BATCH = 5  # a batch size measured less often takes the fit's times
-MIN_STEPS_PER_RATE = 20  # decode steps at one busy count needed for its rates' quantiles
-MIN_PREFILLS_PER_RATE = 20  # the same of prefills
+MIN_POINTS_PER_RATE = 20  # decode steps or prefills at one busy count for its quantiles
 BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
 CONTEXT_PER_REQUEST_TOKENS = (16, 64, 256, 1024, 4096)
 
@@ -256,12 +255,10 @@ def _spread(
         spread["dispatch_s"] = _quantiles([s.dispatch_s for s in calibrator.serving])
         spread["first_token_s"] = _quantiles([s.first_token_s for s in calibrator.serving])
     if share is not None:  # the share of a core decode steps and prefills got, by busy agents
-        for busy_agents, rates in share.decode_rates.items():
-            if len(rates) >= MIN_STEPS_PER_RATE:
-                spread[f"decode_rate_{busy_agents}"] = _quantiles(list(rates))
-        for busy_agents, rates in share.prefill_rates.items():
-            if len(rates) >= MIN_PREFILLS_PER_RATE:
-                spread[f"prefill_rate_{busy_agents}"] = _quantiles(list(rates))
+        for role, by_busy in (("decode", share.decode_rates), ("prefill", share.prefill_rates)):
+            for busy_agents, rates in by_busy.items():
+                if len(rates) >= MIN_POINTS_PER_RATE:
+                    spread[f"{role}_rate_{busy_agents}"] = _quantiles(list(rates))
     return spread
 
 

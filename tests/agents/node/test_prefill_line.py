@@ -14,27 +14,26 @@ def _wait_until(predicate) -> None:  # type: ignore[no-untyped-def]
 
 
 def _run_all(line: PrefillLine, positions: list[int]) -> list[int]:
-    """Hold the worker, let prefills with `positions` queue in that order, release it:
-    the order they ran in."""
+    """Hold the worker, let prefills with `positions` queue one after another in that
+    order, release it: the order (by arrival number) in which they ran."""
     ran: list[int] = []
-    holding = threading.Event()
-    release = threading.Event()
+    holding, release = threading.Event(), threading.Event()
 
     def hold() -> None:
-        with line.turn(0):
+        with line.turn():
             holding.set()
             release.wait(5)
 
-    def prefill(position: int) -> None:
+    def prefill(number: int, position: int) -> None:
         with line.turn(position):
-            ran.append(position)
+            ran.append(number)
 
     holder = threading.Thread(target=hold)
     holder.start()
     holding.wait(5)
     threads = []
     for number, position in enumerate(positions):
-        thread = threading.Thread(target=prefill, args=(position,))
+        thread = threading.Thread(target=prefill, args=(number, position))
         thread.start()
         threads.append(thread)
         _wait_until(lambda n=number: line.num_waiting == n + 1)
@@ -46,36 +45,13 @@ def _run_all(line: PrefillLine, positions: list[int]) -> list[int]:
 
 def test_waiting_prefills_run_in_line_order_whatever_order_they_came() -> None:
     # Calls racing on the server's threads reach the worker out of order: 3 before 1 and 2.
-    assert _run_all(PrefillLine(), [3, 1, 4, 2, 5]) == [1, 2, 3, 4, 5]
+    positions = [3, 1, 4, 2, 5]
+    ran = _run_all(PrefillLine(), positions)
+    assert [positions[number] for number in ran] == [1, 2, 3, 4, 5]
 
 
 def test_without_positions_first_come_first_served() -> None:
     line = PrefillLine()
-    ran: list[int] = []
-    holding, release = threading.Event(), threading.Event()
-    holder = threading.Thread(target=lambda: _hold(line, holding, release))
-    holder.start()
-    holding.wait(5)
-    threads = []
-    for number in range(6):
-        thread = threading.Thread(target=lambda n=number: _append(line, ran, n))
-        thread.start()
-        threads.append(thread)
-        _wait_until(lambda n=number: line.num_waiting == n + 1)
-    release.set()
-    for thread in [holder, *threads]:
-        thread.join(5)
-    assert ran == list(range(6))
+    assert _run_all(line, [0] * 6) == list(range(6))
     with line.turn():  # free again
         pass
-
-
-def _hold(line: PrefillLine, holding: threading.Event, release: threading.Event) -> None:
-    with line.turn():
-        holding.set()
-        release.wait(5)
-
-
-def _append(line: PrefillLine, ran: list[int], number: int) -> None:
-    with line.turn():
-        ran.append(number)
