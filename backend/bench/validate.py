@@ -423,24 +423,104 @@ def validate(
                     {"change": dict(change), "index": index, "run": run, "live": live, "twin": twin}
                 )
             configs.append({"change": dict(change), "metrics": compare_runs(lives, twins)})
-        result = {
-            "settings": {
-                **{k: v for k, v in dataclasses.asdict(settings).items() if k != "trace"},
-                "trace": str(settings.trace),
-            },
-            "configs": configs,
-            "kendall_tau": {
-                name: kendall_tau(
-                    [c["metrics"][name]["live"] for c in configs],
-                    [c["metrics"][name]["twin"] for c in configs],
-                )
-                for name in RANKED
-            },
-            "directions": directions(configs),
+        settings_json = {
+            **{k: v for k, v in dataclasses.asdict(settings).items() if k != "trace"},
+            "trace": str(settings.trace),
         }
+        result = _result(settings_json, configs)
         if out is not None:  # while the work folders (live databases, logs) still exist
             write_outputs(result, raw, out, work=Path(folder))
     return result
+
+
+def repredict(
+    kept: Path,
+    *,
+    seeds: int,
+    out: Path | None = None,
+    on_status: OnStatus | None = None,
+) -> dict[str, Any]:
+    """Predict again the live runs a `validate --out` kept in `kept`, with this twin and no
+    live run: what a change to the twin does to its fidelity, on the very windows it was
+    measured against (a validate of four configs takes minutes of live runs; this, seconds).
+    The result has validate's shape; `settings.twin_seeds` is `seeds`."""
+    if seeds < 1:
+        raise ValueError(f"--twin-seeds must be at least 1, got {seeds}")
+    if out is not None and out.resolve() == kept.resolve():
+        raise ValueError(
+            "--out must be another folder: the kept one holds what live was first compared with"
+        )
+    settings_json, runs = _kept_runs(kept)
+    block_size = int(settings_json["block_size"])
+    by_index: dict[int, list[Mapping[str, Any]]] = {}
+    for number, entry in enumerate(runs):
+        if on_status is not None:
+            label = f"run {number + 1}/{len(runs)}, config {json.dumps(entry['change'])}"
+            on_status(f"{label}: predicting the window with the twin", number)
+        with tempfile.TemporaryDirectory(prefix="kvc-repredict-") as folder:
+            entry["twin"] = predict(entry["live"], block_size, Path(folder), seeds=seeds)
+        by_index.setdefault(entry["index"], []).append(entry)
+    configs = [
+        {
+            "change": entries[0]["change"],
+            "metrics": compare_runs(
+                [e["live"]["report"] for e in entries], [e["twin"] for e in entries]
+            ),
+        }
+        for _, entries in sorted(by_index.items())
+    ]
+    result = _result({**settings_json, "twin_seeds": seeds, "repredicted_from": str(kept)}, configs)
+    if out is not None:
+        write_outputs(result, runs, out)
+    return result
+
+
+def _kept_runs(kept: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The settings and every live run (as `run_live` returned it) a validate --out kept."""
+    try:
+        settings_json = json.loads((kept / "result.json").read_text())["settings"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise ValueError(
+            f"{kept}: no readable result.json with its settings (not a `twin validate "
+            "--out` folder)"
+        ) from None
+    runs = []
+    for config_dir in sorted(kept.glob("config-*"), key=lambda p: _number_in(p.name)):
+        run_dirs = sorted(config_dir.glob("run-*"), key=lambda p: _number_in(p.name))
+        for run, run_dir in enumerate(run_dirs or [config_dir]):
+            try:
+                live = json.loads((run_dir / "live-run.json").read_text())
+                live["report"] = json.loads((run_dir / "live-report.json").read_text())
+                live["trace"] = (run_dir / "window.jsonl").read_text()
+                change = json.loads((run_dir / "change.json").read_text())
+            except (OSError, ValueError) as error:
+                raise ValueError(f"{run_dir}: not a kept live run ({error})") from None
+            index = _number_in(config_dir.name)
+            runs.append({"change": change, "index": index, "run": run, "live": live})
+    if not runs:
+        raise ValueError(f"{kept} holds no kept live run (config-N folders)")
+    return settings_json, runs
+
+
+def _number_in(name: str) -> int:
+    return int(name.rpartition("-")[2]) if name.rpartition("-")[2].isdigit() else 0
+
+
+def _result(settings_json: Mapping[str, Any], configs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The object `--json` prints: settings, each config's metrics, the rankings' tau and
+    how often the twin moved a metric the way live did."""
+    return {
+        "settings": dict(settings_json),
+        "configs": configs,
+        "kendall_tau": {
+            name: kendall_tau(
+                [c["metrics"][name]["live"] for c in configs],
+                [c["metrics"][name]["twin"] for c in configs],
+            )
+            for name in RANKED
+        },
+        "directions": directions(configs),
+    }
 
 
 def write_outputs(

@@ -393,7 +393,6 @@ def validate_command(
     as_json: bool = typer.Option(False, "--json", help="Print the result as one JSON object."),
 ) -> None:
     """Run a window live (its own stack per config) and in the twin, and compare metrics."""
-    import json
 
     from backend.bench.validate import ValidateSettings, parse_changes, validate
     from backend.cli.up_cmd import demo_slos
@@ -440,6 +439,13 @@ def validate_command(
         except (ValueError, RuntimeError) as error:
             _fail(str(error))
         progress.update(task, completed=num_runs, refresh=True)
+    _show_validation(result, out, as_json)
+
+
+def _show_validation(result: dict, out: Path | None, as_json: bool) -> None:
+    """validate's and repredict's result: one JSON object, or a table and the tau."""
+    import json
+
     if as_json:
         typer.echo(json.dumps(result))
         return
@@ -452,6 +458,46 @@ def validate_command(
     typer.echo(f"kendall tau: {result['kendall_tau']}  directions: {result['directions']}")
     if out is not None:
         typer.echo(f"wrote {out}/result.json, {out}/validate.html and the raw reports")
+
+
+@twin_app.command("repredict")
+def repredict_command(
+    kept: Path = typer.Argument(
+        ..., metavar="KEPT", help="A folder `kvcentric twin validate --out` wrote."
+    ),
+    twin_seeds: str = typer.Option(
+        "5", "--twin-seeds", metavar="N", help="Twin runs per prediction (as validate's)."
+    ),
+    out: Path | None = typer.Option(
+        None,
+        "--out",
+        help="Another folder for the new result.json, the reports and validate.html.",
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as one JSON object."),
+) -> None:
+    """Predict the live runs a validate kept again, with this twin and no live run.
+
+    What a change to the twin does to its fidelity, compared on the very windows live
+    measured: seconds per config instead of a live run's minutes. The live figures are the
+    kept ones; the twin reads each run's kept window and live profile, as validate did."""
+    from backend.bench.validate import repredict
+
+    with _bad_input():
+        seeds = _integer("--twin-seeds", twin_seeds)
+    with _progress(counts_runs=False) as progress:
+        task = progress.add_task("repredict", total=None)
+        quiet = progress.disable
+
+        def on_status(text: str, index: float) -> None:
+            progress.update(task, completed=index, description=text[:80], refresh=True)
+            if quiet:
+                _stderr.print(text)
+
+        try:
+            result = repredict(kept, seeds=seeds, out=out, on_status=on_status)
+        except (ValueError, RuntimeError) as error:
+            _fail(str(error))
+    _show_validation(result, out, as_json)
 
 
 @contextmanager

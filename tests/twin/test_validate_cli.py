@@ -125,3 +125,27 @@ def test_a_short_window_live_and_in_the_twin(tmp_path) -> None:
         assert json.loads((folder / "live-report.json").read_text())["tbt_slo_s"] == 0.5
         assert json.loads((folder / "twin-report.json").read_text())["config"]["tbt_slo_s"] == 0.5
     assert "config 2/2" in result.stderr  # progress on stderr
+    again = subprocess.run(  # the kept live runs predicted again, no live run
+        [KVCENTRIC, "twin", "repredict", str(out), "--twin-seeds", "1",
+         "--out", str(tmp_path / "again"), "--json"],
+        capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert again.returncode == 0, again.stderr[-3000:]
+    repredicted = json.loads(again.stdout)
+    assert repredicted["settings"]["repredicted_from"] == str(out)
+    for before, after in zip(report["configs"], repredicted["configs"], strict=True):
+        assert after["change"] == before["change"]
+        for name, values in after["metrics"].items():
+            assert values["live"] == before["metrics"][name]["live"], name  # live as kept
+        assert after["metrics"]["ttft_p50_s"]["twin"] > 0
+    assert json.loads((tmp_path / "again" / "result.json").read_text()) == repredicted
+    assert "run 2/2" in again.stderr
+
+
+def test_repredict_names_a_folder_validate_did_not_write(tmp_path) -> None:
+    result = subprocess.run(
+        [KVCENTRIC, "twin", "repredict", str(tmp_path)],
+        capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert "not a `twin validate --out` folder" in result.stderr, result.stderr
