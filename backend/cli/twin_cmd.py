@@ -6,7 +6,7 @@ the option, ends as one `error: ...` line on stderr with exit code 2.
 
 import math
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NoReturn
@@ -424,22 +424,36 @@ def validate_command(
             repeats=_integer("--repeats", repeats),
             twin_seeds=_integer("--twin-seeds", twin_seeds),
         )
-    num_runs = len(parsed) * settings.repeats
-    with _progress(counts_runs=True) as progress:
-        task = progress.add_task("validate", total=num_runs)
+    result = _with_status(
+        "validate",
+        len(parsed) * settings.repeats,
+        lambda on_status: validate(settings, parsed, out=out, on_status=on_status),
+    )
+    _show_validation(result, out, as_json)
+
+
+def _with_status(
+    name: str, total: int | None, work: Callable[[Callable[[str, float], None]], dict]
+) -> dict:
+    """`work(on_status)` under a progress bar on stderr, each status also printed when stderr
+    is not a terminal (logs, tests); a ValueError or RuntimeError it raises is one `error:`
+    line. `total`: runs to count, or None for a bar without a count."""
+    with _progress(counts_runs=total is not None) as progress:
+        task = progress.add_task(name, total=total)
         quiet = progress.disable
 
-        def on_status(text: str, index: int) -> None:
+        def on_status(text: str, index: float) -> None:
             progress.update(task, completed=index, description=text[:80], refresh=True)
             if quiet:
                 _stderr.print(text)
 
         try:
-            result = validate(settings, parsed, out=out, on_status=on_status)
+            result = work(on_status)
         except (ValueError, RuntimeError) as error:
             _fail(str(error))
-        progress.update(task, completed=num_runs, refresh=True)
-    _show_validation(result, out, as_json)
+        if total is not None:
+            progress.update(task, completed=total, refresh=True)
+    return result
 
 
 def _show_validation(result: dict, out: Path | None, as_json: bool) -> None:
@@ -484,19 +498,11 @@ def repredict_command(
 
     with _bad_input():
         seeds = _integer("--twin-seeds", twin_seeds)
-    with _progress(counts_runs=False) as progress:
-        task = progress.add_task("repredict", total=None)
-        quiet = progress.disable
-
-        def on_status(text: str, index: float) -> None:
-            progress.update(task, completed=index, description=text[:80], refresh=True)
-            if quiet:
-                _stderr.print(text)
-
-        try:
-            result = repredict(kept, seeds=seeds, out=out, on_status=on_status)
-        except (ValueError, RuntimeError) as error:
-            _fail(str(error))
+    result = _with_status(
+        "repredict",
+        None,
+        lambda on_status: repredict(kept, seeds=seeds, out=out, on_status=on_status),
+    )
     _show_validation(result, out, as_json)
 
 
