@@ -257,7 +257,16 @@ class TwinCluster(EffectHandler):
         if self.calibrator is not None:
             reused = job.plan.num_reused_tokens
             self.calibrator.add_prefill(
-                [PrefillSample(self.env.now, job.input_tokens, reused, job.compute_s)]
+                [
+                    PrefillSample(
+                        self.env.now,
+                        job.input_tokens,
+                        reused,
+                        job.compute_s,
+                        fetched_tokens=job.fetched_bytes // self.timing.kv_bytes_per_token,
+                        fetch_s=job.fetch_s,
+                    )
+                ]
             )
             self._refit_if_due()
         if job.fetched_bytes and job.source is not None:  # as live measures each fetch

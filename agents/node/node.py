@@ -315,6 +315,7 @@ class NodeAgent:
             queue_s=timings["queue_s"],
             fetched_tokens=outcome.num_fetched_tokens,
             cpu_s=min(timings["cpu_s"], timings["total_s"] - timings["queue_s"]),
+            fetch_s=timings["fetch_s"],
         )
         with self._state:
             self._prefill_samples.append(sample)

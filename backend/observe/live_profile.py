@@ -28,6 +28,7 @@ from backend.observe.host_share import HostShare, host_share
 from backend.policy.calibration import Calibrator, DecodeStepSample, PrefillSample
 from backend.policy.cost_model import (
     PROFILE_FORMAT,
+    CostModel,
     DecodeFit,
     LinkModel,
     PrefillFit,
@@ -41,6 +42,9 @@ MIN_STEPS_PER_BATCH = 5  # a batch size measured less often takes the fit's time
 MIN_POINTS_PER_RATE = 20  # decode steps or prefills at one busy count for its quantiles
 BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
 CONTEXT_PER_REQUEST_TOKENS = (16, 64, 256, 1024, 4096)
+MIN_FETCHES = 10  # in the window, to fit the link's latency and bandwidth from
+MAX_FETCHES = 400  # the newest, for the fit (its pairs grow as the square)
+MIN_FETCH_SIZE_RATIO = 2.0  # largest over smallest fetch, to tell latency from bandwidth
 
 
 def live_profile(
@@ -88,7 +92,7 @@ def live_profile(
     ]
     prefill_agents = [a for a in agents if a.role == "prefill"] or list(agents)
     decode_agents = [a for a in agents if a.role == "decode"] or list(agents)
-    link, link_source = _measured_link(believed.link, links)
+    link, link_source = _measured_link(believed, calibrator.prefill, links)
     profile = {
         "format": PROFILE_FORMAT,
         "name": name,
@@ -126,22 +130,63 @@ def live_profile(
 
 
 def _measured_link(
-    believed: LinkModel, links: Sequence[Mapping[str, Any]]
+    believed: CostModel, prefill: Sequence[PrefillSample], links: Sequence[Mapping[str, Any]]
 ) -> tuple[LinkModel, str]:
-    """The link the fetches measured: the median bandwidth of the measured pairs (what the
-    Conductor's transfer branch believes of them), else the believed one. At speed 8 on one
+    """The link the fetches measured: fitted through the window's fetches where there are
+    enough (`_fitted_link`), else the median bandwidth of the Conductor's measured pairs
+    (what its transfer branch believes of them), else the believed one. At speed 8 on one
     2-CPU host a 10-block fetch took 4.3 ms (76 MB/s with its per-fetch costs) where the
     idle profile's link says 3.2 GB/s; a twin on the latter fetched 15x faster than live and
     replicated 67 % more blocks."""
+    fitted = _fitted_link(believed, prefill)
+    if fitted is not None:
+        return fitted
     bandwidths = [
         float(row["bandwidth_bytes_per_s"])
         for row in links
         if row.get("bandwidth_bytes_per_s") and int(row.get("num_measurements", 0)) > 0
     ]
     if not bandwidths:
-        return believed, "believed"
-    measured = replace(believed, bandwidth_bytes_per_s=float(np.median(bandwidths)))
+        return believed.link, "believed"
+    measured = replace(believed.link, bandwidth_bytes_per_s=float(np.median(bandwidths)))
     return measured, f"{len(bandwidths)} measured pair(s)"
+
+
+def _fitted_link(
+    believed: CostModel, prefill: Sequence[PrefillSample]
+) -> tuple[LinkModel, str] | None:
+    """seconds = latency + bytes / bandwidth through the window's fetches (each prefill's
+    `fetch_s` and fetched bytes), by Theil-Sen: the median of the pairwise slopes, the
+    latency the median of what is left. None with fewer than MIN_FETCHES fetches, sizes
+    too alike to tell a per-fetch cost from a per-byte one, or no growth with size.
+
+    A bandwidth alone is not enough: the pairs' estimates divide each fetch's seconds by its
+    bytes, so the per-fetch costs (the call, the threads, a crowded host) fold into the
+    bandwidth, and it swings with the sizes fetched last. Two runs of one configuration at
+    speed 8 believed 8.8 and 135 MB/s; the twin on the first fetched a long prefix for
+    most of a second, ran its prefills behind the fetches and refused 45-68 requests where
+    live refused 19."""
+    kv_bytes = believed.kv_bytes_per_token
+    fetches = [
+        (s.fetched_tokens * kv_bytes, s.fetch_s)
+        for s in prefill
+        if s.fetched_tokens > 0 and s.fetch_s > 0
+    ][-MAX_FETCHES:]
+    if len(fetches) < MIN_FETCHES:
+        return None
+    sizes = np.array([f[0] for f in fetches], dtype=float)
+    seconds = np.array([f[1] for f in fetches], dtype=float)
+    if sizes.max() < MIN_FETCH_SIZE_RATIO * sizes.min():
+        return None
+    first, second = np.triu_indices(len(sizes), 1)
+    apart = sizes[second] != sizes[first]
+    slopes = (seconds[second] - seconds[first])[apart] / (sizes[second] - sizes[first])[apart]
+    per_byte_s = float(np.median(slopes))
+    if not per_byte_s > 0:
+        return None
+    latency_s = max(0.0, float(np.median(seconds - per_byte_s * sizes)))
+    link = replace(believed.link, bandwidth_bytes_per_s=1.0 / per_byte_s, latency_s=latency_s)
+    return link, f"{len(fetches)} fetches fitted"
 
 
 @dataclass(frozen=True, slots=True)

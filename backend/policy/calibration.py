@@ -29,7 +29,9 @@ class PrefillSample:
     """One prefill as its agent measured it. `seconds` is the agent's occupancy: from taking
     its prefill worker to letting it go (loads, fetch, compute, stores, KV hand-off), which is
     what requests queued behind it wait for. `cpu_s`: the CPU time its thread got in those
-    seconds, about what it would take alone on the host (None where not measured)."""
+    seconds, about what it would take alone on the host (None where not measured).
+    `fetch_s`: of `seconds`, those spent fetching the `fetched_tokens` from another
+    instance (what the live profile's link is fitted from)."""
 
     time_s: float
     input_tokens: int
@@ -38,6 +40,7 @@ class PrefillSample:
     queue_s: float = 0.0
     fetched_tokens: int = 0
     cpu_s: float | None = None
+    fetch_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

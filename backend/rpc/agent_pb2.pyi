@@ -420,7 +420,7 @@ class JoinReply(_message.Message):
     def __init__(self, accepted: _Optional[bool] = ..., heartbeat_interval_s: _Optional[float] = ..., message: _Optional[str] = ...) -> None: ...
 
 class PrefillSample(_message.Message):
-    __slots__ = ("input_tokens", "cached_tokens", "fetched_tokens", "seconds", "queue_s", "age_s", "cpu_s")
+    __slots__ = ("input_tokens", "cached_tokens", "fetched_tokens", "seconds", "queue_s", "age_s", "cpu_s", "fetch_s")
     INPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     FETCHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -428,6 +428,7 @@ class PrefillSample(_message.Message):
     QUEUE_S_FIELD_NUMBER: _ClassVar[int]
     AGE_S_FIELD_NUMBER: _ClassVar[int]
     CPU_S_FIELD_NUMBER: _ClassVar[int]
+    FETCH_S_FIELD_NUMBER: _ClassVar[int]
     input_tokens: int
     cached_tokens: int
     fetched_tokens: int
@@ -435,7 +436,8 @@ class PrefillSample(_message.Message):
     queue_s: float
     age_s: float
     cpu_s: float
-    def __init__(self, input_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., fetched_tokens: _Optional[int] = ..., seconds: _Optional[float] = ..., queue_s: _Optional[float] = ..., age_s: _Optional[float] = ..., cpu_s: _Optional[float] = ...) -> None: ...
+    fetch_s: float
+    def __init__(self, input_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., fetched_tokens: _Optional[int] = ..., seconds: _Optional[float] = ..., queue_s: _Optional[float] = ..., age_s: _Optional[float] = ..., cpu_s: _Optional[float] = ..., fetch_s: _Optional[float] = ...) -> None: ...
 
 class DecodeStepSample(_message.Message):
     __slots__ = ("batch_size", "context_tokens", "seconds", "age_s", "cpu_s")

@@ -299,6 +299,7 @@ def heartbeat_to_proto(heartbeat: Heartbeat) -> pb.HeartbeatRequest:
                 queue_s=s.queue_s,
                 age_s=max(0.0, heartbeat.now_s - s.time_s),
                 cpu_s=s.cpu_s,
+                fetch_s=s.fetch_s,
             )
             for s in heartbeat.prefill_samples
         ],
@@ -340,6 +341,7 @@ def heartbeat_from_proto(message: pb.HeartbeatRequest) -> Heartbeat:
                 queue_s=s.queue_s,
                 fetched_tokens=s.fetched_tokens,
                 cpu_s=s.cpu_s if s.HasField("cpu_s") else None,
+                fetch_s=s.fetch_s,
             )
             for s in message.prefill_samples
         ),

@@ -49,8 +49,9 @@ def test_batches_beyond_the_window_grow_as_the_starting_profile_measured() -> No
 
 
 def test_the_link_is_the_one_the_fetches_measured() -> None:
-    """The Conductor's measured pairs set the profile's link (their median bandwidth); with
-    none measured, or none that took time, the believed link stays."""
+    """Without fetches in the window to fit, the Conductor's measured pairs set the
+    profile's link (their median bandwidth); with none measured, or none that took time,
+    the believed link stays."""
     assert live_profile(_window(), AGENTS)["link"]["bandwidth_bytes_per_s"] == 1e9
     measured = [
         {"source": "p0", "destination": "p1", "bandwidth_bytes_per_s": 2e8, "num_measurements": 4},
@@ -64,3 +65,47 @@ def test_the_link_is_the_one_the_fetches_measured() -> None:
     unusable = live_profile(_window(), AGENTS, links=measured[3:])
     assert unusable["link"]["bandwidth_bytes_per_s"] == 1e9
     assert unusable["measured_from"]["link"] == "believed"
+
+
+def _with_fetches(fetches: list[tuple[int, float]]) -> Calibrator:
+    """The window plus prefills that fetched (tokens, seconds fetching)."""
+    calibrator = _window()
+    for n, (tokens, fetch_s) in enumerate(fetches):
+        sample = PrefillSample(200.0 + n, 400, tokens, 0.05 + fetch_s, 0.0, tokens, None, fetch_s)
+        calibrator.add_prefill([sample])
+    return calibrator
+
+
+def test_the_link_is_fitted_through_the_fetches_latency_and_bandwidth_apart() -> None:
+    """Each fetch costs 3 ms plus its bytes at 50 MB/s, two of them stalled: the fit finds
+    both terms (a bandwidth of bytes over seconds would fold the 3 ms into it and swing with
+    the sizes fetched), and it overrides the pairs' estimates."""
+    sizes = [16, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 512]
+    fetches = [(tokens, 0.003 + tokens * 2048 / 50e6) for tokens in sizes]
+    fetches[3] = (64, 0.2)  # a fetch behind a long stall
+    fetches[7] = (192, 0.5)
+    pairs = [
+        {"source": "p0", "destination": "p1", "bandwidth_bytes_per_s": 8e6, "num_measurements": 3}
+    ]
+    profile = live_profile(_with_fetches(fetches), AGENTS, links=pairs)
+    assert profile["link"]["bandwidth_bytes_per_s"] == pytest.approx(50e6, rel=0.02)
+    assert profile["link"]["latency_s"] == pytest.approx(0.003, rel=0.05)
+    assert profile["measured_from"]["link"] == "12 fetches fitted"
+
+
+@pytest.mark.parametrize(
+    "fetches",
+    [
+        [(tokens, 0.003 + tokens * 4e-5) for tokens in range(16, 160, 16)],  # 9: too few
+        [(64, 0.004 + n * 1e-4) for n in range(12)],  # one size: latency or bandwidth?
+        [(tokens, 0.05 - tokens * 1e-5) for tokens in range(16, 208, 16)],  # faster if larger
+    ],
+    ids=["too-few", "one-size", "no-growth"],
+)
+def test_fetches_that_cannot_tell_the_link_leave_it_to_the_pairs(fetches) -> None:
+    pairs = [
+        {"source": "p0", "destination": "p1", "bandwidth_bytes_per_s": 8e6, "num_measurements": 3}
+    ]
+    profile = live_profile(_with_fetches(fetches), AGENTS, links=pairs)
+    assert profile["link"]["bandwidth_bytes_per_s"] == 8e6
+    assert profile["measured_from"]["link"] == "1 measured pair(s)"

@@ -139,6 +139,14 @@ def test_a_prefix_cached_on_a_busy_agent_is_fetched_by_another_and_the_kv_moves(
     while runtime.core.index.num_replicas(keys[0]) < 2:
         assert time.monotonic() < deadline, "the replica never reached the index"
         time.sleep(0.05)
+    # The fetching agent measured the fetch for the calibration (the live profile's link is
+    # fitted from these), by heartbeat.
+    deadline = time.monotonic() + 10
+    while not (fetches := [s for s in runtime.calibrator.prefill if s.fetched_tokens]):
+        assert time.monotonic() < deadline, "the fetch never reached the calibration"
+        time.sleep(0.05)
+    assert fetches[0].fetched_tokens == 3 * BLOCK
+    assert 0 < fetches[0].fetch_s < fetches[0].seconds
 
 
 def test_the_core_sees_each_agents_backlog_one_prefill_running_at_a_time(cluster):
