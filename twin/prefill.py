@@ -1,8 +1,8 @@
 """PrefillInstance: a prefill node of the twin, its compute, its outgoing link, its shard.
 
 A job waits its turn on the instance's compute (FIFO) while the blocks its cache plan
-fetches come over the holder's outgoing link, which serves one transfer at a time (so a hot
-holder congests). Reused KV is loaded layer by layer while computing, so a prefill lasts
+fetches come over the holder's outgoing link, which carries one transfer's bytes at a time
+(so a hot holder congests). Reused KV is loaded layer by layer while computing, so a prefill lasts
 max(compute, load). Long prompts in a chunked-pipeline group hold every member of the group
 and run chunk by chunk through its stages.
 """
@@ -72,12 +72,16 @@ class PrefillInstance:
         self.env.process(self._run(job))
 
     def send(self, num_bytes: int) -> Generator[Any, Any, float]:
-        """Occupy this instance's outgoing link for one transfer (queued FIFO); returns the
-        seconds on the link, its turn not counted."""
+        """One transfer from this instance: its bytes occupy the outgoing link (one transfer's
+        at a time, queued FIFO), its per-fetch latency (the call, both ends' threads) does
+        not, so fetches' fixed costs overlap as live's concurrent ones do; returns the
+        seconds of the transfer, its turn not counted."""
+        seconds = self.timing.transfer_s(num_bytes)
+        latency_s = min(self.timing.link_latency_s, seconds)
         with self.link.request() as turn:
             yield turn
-            seconds = self.timing.transfer_s(num_bytes)
-            yield self.env.timeout(seconds)
+            yield self.env.timeout(seconds - latency_s)
+        yield self.env.timeout(latency_s)
         return seconds
 
     def _run(self, job: PrefillJob) -> Generator[Any, Any, None]:

@@ -132,15 +132,14 @@ def live_profile(
 def _measured_link(
     believed: CostModel, prefill: Sequence[PrefillSample], links: Sequence[Mapping[str, Any]]
 ) -> tuple[LinkModel, str]:
-    """The link the fetches measured: fitted through the window's fetches where there are
-    enough (`_fitted_link`), else the median bandwidth of the Conductor's measured pairs
-    (what its transfer branch believes of them), else the believed one. At speed 8 on one
-    2-CPU host a 10-block fetch took 4.3 ms (76 MB/s with its per-fetch costs) where the
-    idle profile's link says 3.2 GB/s; a twin on the latter fetched 15x faster than live and
-    replicated 67 % more blocks."""
-    fitted = _fitted_link(believed, prefill)
-    if fitted is not None:
-        return fitted
+    """The link the window's fetches measured (`_link_of_fetches`); without any, the median
+    bandwidth of the Conductor's measured pairs (agents that do not report a fetch's
+    seconds), else the believed link. At speed 8 on one 2-CPU host a 10-block fetch took
+    4.3 ms where the idle profile's link says 0.1 ms; a twin on the latter fetched 15x faster
+    than live and replicated 67 % more blocks."""
+    fetched = _link_of_fetches(believed.link, believed.kv_bytes_per_token, prefill)
+    if fetched is not None:
+        return fetched
     bandwidths = [
         float(row["bandwidth_bytes_per_s"])
         for row in links
@@ -152,41 +151,43 @@ def _measured_link(
     return measured, f"{len(bandwidths)} measured pair(s)"
 
 
-def _fitted_link(
-    believed: CostModel, prefill: Sequence[PrefillSample]
+def _link_of_fetches(
+    believed: LinkModel, kv_bytes_per_token: int, prefill: Sequence[PrefillSample]
 ) -> tuple[LinkModel, str] | None:
     """seconds = latency + bytes / bandwidth through the window's fetches (each prefill's
-    `fetch_s` and fetched bytes), by Theil-Sen: the median of the pairwise slopes, the
-    latency the median of what is left. None with fewer than MIN_FETCHES fetches, sizes
-    too alike to tell a per-fetch cost from a per-byte one, or no growth with size.
+    `fetch_s` and fetched bytes); None without a fetch.
 
-    A bandwidth alone is not enough: the pairs' estimates divide each fetch's seconds by its
-    bytes, so the per-fetch costs (the call, the threads, a crowded host) fold into the
-    bandwidth, and it swings with the sizes fetched last. Two runs of one configuration at
-    speed 8 believed 8.8 and 135 MB/s; the twin on the first fetched a long prefix for
-    most of a second, ran its prefills behind the fetches and refused 45-68 requests where
-    live refused 19."""
-    kv_bytes = believed.kv_bytes_per_token
+    With MIN_FETCHES of sizes apart enough, both terms by Theil-Sen (the median of the
+    pairwise slopes; the latency the median of what is left). With fewer, or where size
+    does not show in the seconds, only the latency is measured (the median of each fetch's
+    seconds beyond its bytes at the believed bandwidth): a per-fetch cost must not pass for
+    a slow link. Dividing each fetch's seconds by its bytes, as the pairs' estimates do,
+    folds the per-fetch costs (the call, the threads on a crowded host) into the bandwidth,
+    which then swings with the sizes fetched: two runs of one configuration at speed 8,
+    each with one or two fetches in the warm-up, believed 8.8 and 135 MB/s, and a twin on
+    the first fetched long prefixes for most of a second and refused 45-68 requests where
+    live refused 19 (most fetches there took 0.5-5 ms at any size up to 3 MB)."""
     fetches = [
-        (s.fetched_tokens * kv_bytes, s.fetch_s)
+        (s.fetched_tokens * kv_bytes_per_token, s.fetch_s)
         for s in prefill
         if s.fetched_tokens > 0 and s.fetch_s > 0
     ][-MAX_FETCHES:]
-    if len(fetches) < MIN_FETCHES:
+    if not fetches:
         return None
     sizes = np.array([f[0] for f in fetches], dtype=float)
     seconds = np.array([f[1] for f in fetches], dtype=float)
-    if sizes.max() < MIN_FETCH_SIZE_RATIO * sizes.min():
-        return None
-    first, second = np.triu_indices(len(sizes), 1)
-    apart = sizes[second] != sizes[first]
-    slopes = (seconds[second] - seconds[first])[apart] / (sizes[second] - sizes[first])[apart]
-    per_byte_s = float(np.median(slopes))
-    if not per_byte_s > 0:
-        return None
-    latency_s = max(0.0, float(np.median(seconds - per_byte_s * sizes)))
-    link = replace(believed.link, bandwidth_bytes_per_s=1.0 / per_byte_s, latency_s=latency_s)
-    return link, f"{len(fetches)} fetches fitted"
+    if len(fetches) >= MIN_FETCHES and sizes.max() >= MIN_FETCH_SIZE_RATIO * sizes.min():
+        first, second = np.triu_indices(len(sizes), 1)
+        apart = sizes[second] != sizes[first]
+        rise = (seconds[second] - seconds[first])[apart]
+        per_byte_s = float(np.median(rise / (sizes[second] - sizes[first])[apart]))
+        if per_byte_s > 0:
+            latency_s = max(0.0, float(np.median(seconds - per_byte_s * sizes)))
+            link = replace(believed, bandwidth_bytes_per_s=1.0 / per_byte_s, latency_s=latency_s)
+            return link, f"{len(fetches)} fetches fitted"
+    beyond = seconds - sizes / believed.bandwidth_bytes_per_s
+    link = replace(believed, latency_s=max(0.0, float(np.median(beyond))))
+    return link, f"{len(fetches)} fetch(es): latency measured, bandwidth believed"
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,6 +1,7 @@
 """The live profile's decode points: measured batches as measured, larger ones grown from
 the largest measured as the starting profile's measurement of the model grows."""
 
+import numpy as np
 import pytest
 
 from backend.observe.live_profile import live_profile
@@ -102,10 +103,17 @@ def test_the_link_is_fitted_through_the_fetches_latency_and_bandwidth_apart() ->
     ],
     ids=["too-few", "one-size", "no-growth"],
 )
-def test_fetches_that_cannot_tell_the_link_leave_it_to_the_pairs(fetches) -> None:
+def test_fetches_that_cannot_tell_the_bandwidth_measure_the_latency(fetches) -> None:
+    """The per-fetch cost is what they measure (beyond their bytes at the believed
+    bandwidth); the pairs' per-byte estimates, which fold it into the bandwidth, are not
+    used."""
     pairs = [
         {"source": "p0", "destination": "p1", "bandwidth_bytes_per_s": 8e6, "num_measurements": 3}
     ]
     profile = live_profile(_with_fetches(fetches), AGENTS, links=pairs)
-    assert profile["link"]["bandwidth_bytes_per_s"] == 8e6
-    assert profile["measured_from"]["link"] == "1 measured pair(s)"
+    beyond = sorted(seconds - tokens * 2048 / 1e9 for tokens, seconds in fetches)
+    assert profile["link"]["bandwidth_bytes_per_s"] == 1e9
+    assert profile["link"]["latency_s"] == pytest.approx(float(np.median(beyond)))
+    assert profile["measured_from"]["link"] == (
+        f"{len(fetches)} fetch(es): latency measured, bandwidth believed"
+    )
