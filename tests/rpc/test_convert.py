@@ -96,9 +96,10 @@ def test_joins_and_heartbeats_round_trip() -> None:
 def test_measurements_keep_when_they_ended_across_the_wire() -> None:
     """Each sample says how long before its heartbeat it ended, so the Conductor sees how
     the agents' work overlapped (host sharing reads it), not every sample at one instant."""
-    # The CPU time each got travels too, and "not measured" stays distinct from zero.
+    # The CPU time each got travels too, and "not measured" stays distinct from zero; so do
+    # a prefill's seconds fetching (the live profile's link is fitted from them).
     prefill = (
-        PrefillSample(99.25, 300, 64, 0.5, 0.125, 16, cpu_s=0.25),
+        PrefillSample(99.25, 300, 64, 0.5, 0.125, 16, cpu_s=0.25, fetch_s=0.0625),
         PrefillSample(99.75, 10, 0, 0.25),
     )
     steps = (
