@@ -106,8 +106,15 @@ def test_the_conductor_believes_each_link_as_fast_as_its_fetches(tmp_path) -> No
             by_address = {a["data_address"].rpartition(":")[0]: a for a in agents}
             first, second = (by_address[h.address]["instance_id"] for h in net.hosts[1:3])
             assert {by_address[h.address]["role"] for h in net.hosts[1:3]} == {"prefill"}
-            net.limit_rate_to(net.hosts[1], net.hosts[2], 8)
-            net.limit_rate_to(net.hosts[2], net.hosts[1], 80)
+            ports = {h.address: int(by_address[h.address]["data_address"].rpartition(":")[2])
+                     for h in net.hosts[1:3]}  # fmt: skip
+            # Each agent's answers to the other's fetches (from its data port): shaping all
+            # of a host's traffic would put the acknowledgements of the other way's fetches
+            # behind its slow queue.
+            for (sender, receiver), rate_mbit in (((1, 2), 8), ((2, 1), 80)):
+                source, destination = net.hosts[sender], net.hosts[receiver]
+                port = ports[source.address]
+                net.limit_rate_to(source, destination, rate_mbit, source_port=port)
             results = _replay(stack, tmp_path / "replay.jsonl", "0:1.5", "4")
             report = _settled_report(stack, len(results))
             links = get_json(f"{stack.base_url}/v1/links", stack.api_key)
