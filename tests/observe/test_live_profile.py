@@ -1,5 +1,6 @@
-"""The live profile's decode points: measured batches as measured, larger ones grown from
-the largest measured as the starting profile's measurement of the model grows."""
+"""The live profile's decode points (measured batches as measured, larger ones grown from
+the largest measured as the starting profile's measurement of the model grows) and its link
+(fitted through the window's fetches, else the Conductor's measured pairs)."""
 
 import numpy as np
 import pytest
