@@ -262,7 +262,7 @@ class TwinCluster(EffectHandler):
                         self.env.now,
                         job.input_tokens,
                         reused,
-                        job.compute_s,
+                        job.worked_s,
                         fetched_tokens=job.fetched_bytes // self.timing.kv_bytes_per_token,
                         fetch_s=job.fetch_s,
                     )

@@ -1,10 +1,12 @@
 """PrefillInstance: a prefill node of the twin, its compute, its outgoing link, its shard.
 
-A job waits its turn on the instance's compute (FIFO) while the blocks its cache plan
-fetches come over the holder's outgoing link, which carries one transfer's bytes at a time
-(so a hot holder congests). Reused KV is loaded layer by layer while computing, so a prefill lasts
-max(compute, load). Long prompts in a chunked-pipeline group hold every member of the group
-and run chunk by chunk through its stages.
+A job waits its turn on the instance's worker (FIFO). Holding it, as a live agent holds its
+prefill worker, it fetches the blocks its cache plan names over the holder's outgoing link
+(one transfer's bytes at a time, so a hot holder congests), then computes; the next job
+starts after both. Reused KV is loaded layer by layer while computing, so the compute
+lasts max(compute, load). Long prompts in a chunked-pipeline group hold every member of
+the group and run chunk by chunk through its stages. The prompt's KV goes to the decode
+side afterwards (the cluster sends it over this instance's link, `send`).
 """
 
 import math
@@ -30,6 +32,9 @@ class PrefillJob:
     compute_s: float = 0.0  # filled in when it runs
     fetched_bytes: int = 0  # filled in when its fetch ends
     fetch_s: float = 0.0  # the fetch on the link, without waiting for its turn
+    # Its turn on the worker: fetch and compute (what a live agent measures as its seconds,
+    # there with the hand-off, which the twin sends after the turn).
+    worked_s: float = 0.0
 
 
 class PrefillInstance:
@@ -64,7 +69,7 @@ class PrefillInstance:
         self.host = host
 
     def submit(self, job: PrefillJob) -> None:
-        """Accept a dispatched job: pin what it reuses, start its fetch, queue its compute."""
+        """Accept a dispatched job: pin what it reuses (and what it fetches), queue it."""
         self.shard.pin(job.plan.local_keys)
         fetch = job.plan.fetch
         if fetch is not None and job.source is not None:
@@ -86,18 +91,15 @@ class PrefillInstance:
 
     def _run(self, job: PrefillJob) -> Generator[Any, Any, None]:
         env = self.env
-        fetch = job.plan.fetch
-        fetched = None
-        if fetch is not None and job.source is not None:
-            fetched = env.process(self._fetch(job))
         is_pipelined = len(self.group) > 1 and job.input_tokens > self.chunk_tokens
         members = self.group if is_pipelined else [self]
         turns = [member.compute.request() for member in members]
         for turn in turns:  # always in group order, so two pipelined jobs cannot deadlock
             yield turn
-        if fetched is not None:
-            yield fetched
         self._on_started(job)
+        turn_s = env.now
+        if job.plan.fetch is not None and job.source is not None:
+            yield from self._fetch(job)  # on the worker's turn, as live fetches
         started_s = env.now
         solo_s = self._duration_s(job, num_stages=len(members))
         if self.host is None:
@@ -105,6 +107,7 @@ class PrefillInstance:
         else:  # slowed while other instances compute on the same host
             yield from self.host.run(solo_s, self.timing.prefill_share())
         job.compute_s = env.now - started_s
+        job.worked_s = env.now - turn_s
         for member, turn in zip(members, turns, strict=True):
             member.compute.release(turn)
         now_s = env.now
