@@ -66,6 +66,8 @@ class DecodeInstance:
         self._steps_done = 0.0  # iterations run since the start, fractional
         self._last_advance_s = 0.0
         self.step_s = 0.0
+        self._solo_step_s: float | None = None  # this stretch's step, alone on the host
+        self._share: Callable[[int], float] | None = None  # its share of a core by count
         self._sum_context_tokens = 0  # prompts of the batch
         self._sum_joined_steps = 0.0  # for the generated tokens of the batch
         self._timer_generation = 0
@@ -122,8 +124,9 @@ class DecodeInstance:
         heapq.heappush(self._finish_heap, (job.joined_step + job.output_tokens, job.request_id))
         self._on_start(job, self.env.now)
 
-    def _reschedule(self) -> None:
-        """New step time for the batch as it now stands, and a timer for the next finish."""
+    def _reschedule(self, *, redraw: bool = True) -> None:
+        """New step time for the batch as it now stands, and a timer for the next finish;
+        `redraw` False: only the host's count changed, so the stretch keeps its draws."""
         host = self.host
         if host is not None and bool(self.jobs) != self._on_host:
             self._on_host = bool(self.jobs)
@@ -132,12 +135,18 @@ class DecodeInstance:
             else:
                 host.leave(self)
         self._report_stretch()
-        self.step_s = self.timing.decode_step_s(len(self.jobs), self.context_tokens)
+        if redraw or self._solo_step_s is None:
+            # A new stretch of constant batch: its step's solo time (drawn from the measured
+            # spread) and its luck with the host's scheduler, both kept while only the
+            # host's count changes (see MeasuredSpread.decode_share).
+            self._solo_step_s = self.timing.decode_step_s(len(self.jobs), self.context_tokens)
+            self._share = self.timing.decode_share() if host is not None else None
+        self.step_s = self._solo_step_s
         if host is not None:
             # slowed while the host is crowded: by the share of a core the live steps got
             # at as many busy agents, else by processor sharing
-            rate = self.timing.decode_rate(host.num_busy)
-            self.step_s /= rate if rate is not None else host.rate("decode")
+            share = self._share
+            self.step_s /= share(host.num_busy) if share is not None else host.rate("decode")
         if self.jobs and self._on_steps is not None:
             self._stretch = (len(self.jobs), self.context_tokens, self.step_s)
         if self.jobs:
@@ -168,7 +177,7 @@ class DecodeInstance:
         """Another instance began or stopped computing: re-time the running batch."""
         if self.jobs:
             self._advance()
-            self._reschedule()
+            self._reschedule(redraw=False)
 
     def _on_timer(self, generation: int) -> None:
         if generation != self._timer_generation:

@@ -6,9 +6,10 @@ on a 2-CPU host the decode loop kept three quarters of its CPU time beside two p
 agents that kept half of theirs). The twin slows them by the same rule: while n instances
 compute at once, a prefill progresses at min(1, prefill cores / n) and a decode step at
 min(1, decode cores / n), or, where the live profile measured it, at the share of a core
-its decode steps or prefills got with n agents busy: decode steps drawn per stretch of
-steps (the scheduler runs the waking decode loop ahead of long prefills, so on a 2-CPU host
-it kept 80-93 % of a core at one to three busy agents where the even share gives 58-100 %),
+its decode steps or prefills got with n agents busy: a decode batch at one place in the
+measured spread per stretch of constant batch, kept while the count changes under it (the
+scheduler runs the waking decode loop ahead of long prefills, so on a 2-CPU host it kept
+80-93 % of a core at one to three busy agents where the even share gives 58-100 %),
 a prefill at one place in the measured spread for its whole length (a short prefill gets
 a core at once or waits: 1.2x to 4.3x its CPU time where the even share gives 2.1x). A
 prefill counts while it computes; a decode instance while its batch is not empty. Every

@@ -136,13 +136,13 @@ class MeasuredTiming:
     def load_s(self, num_bytes: int, tier: str) -> float:
         return self.storage.load_s(num_bytes, tier)
 
-    def decode_rate(self, num_busy: int) -> float | None:
+    def decode_share(self) -> Callable[[int], float] | None:
         """Processor sharing's (twin/host.py); a profile's spread draws a measured one
         (twin/spread.py)."""
         return None
 
     def prefill_share(self) -> Callable[[int], float] | None:
-        """Processor sharing's, as `decode_rate`."""
+        """Processor sharing's, as `decode_share`."""
         return None
 
     def dispatch_delay_s(self) -> float:

@@ -118,7 +118,7 @@ class RooflineTiming:
         """An analytic model's instances each have their own machine."""
         return None
 
-    def decode_rate(self, num_busy: int) -> float | None:
+    def decode_share(self) -> Callable[[int], float] | None:
         return None
 
     def prefill_share(self) -> Callable[[int], float] | None:

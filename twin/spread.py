@@ -95,17 +95,27 @@ class MeasuredSpread(WrappedTiming):
     def decode_step_s(self, batch_size: int, context_tokens: int) -> float:
         return self.base.decode_step_s(batch_size, context_tokens) * self._factor("decode_factor")
 
-    def decode_rate(self, num_busy: int) -> float | None:
-        """A decode step's share of a core while `num_busy` agents compute: drawn at the
-        nearest busy count measured (at most `num_busy`, else the least); beyond the most
-        crowding measured, slowed by processor sharing; None when none was measured."""
+    def decode_share(self) -> Callable[[int], float] | None:
+        """A decode batch's share of a core by busy agents, at one quantile drawn for a
+        stretch of constant batch and kept while the count changes under it: at the
+        nearest busy count measured (at most the count, else the least); beyond the most
+        crowding measured, slowed by processor sharing; None when none was measured.
+
+        Not a new draw at every change of the count: under load the count changes every
+        step or more often (a prefill starts or ends every few tens of milliseconds), and
+        a batch re-drawn at each change progresses at the mean of the drawn shares, where
+        live's steps are whole and take the mean of their times (a step preempted to a
+        third of a core is not cut short by the next prefill's start). Re-drawn at each
+        change, the twin's steps at speed 8 on a 2-CPU host ran 10-15 % faster than the
+        very spread they drew from (E[r] E[1/r] of the measured rates)."""
         measured = self._decode_rates
         if not measured:
             return None
-        return _rate_at(measured, num_busy, self._random.random())
+        quantile = self._random.random()
+        return lambda num_busy: _rate_at(measured, num_busy, quantile)
 
     def prefill_share(self) -> Callable[[int], float] | None:
-        """One prefill's share of a core by busy agents, as `decode_rate` reads it, at one
+        """One prefill's share of a core by busy agents, as `decode_share` reads it, at one
         quantile drawn for the whole prefill (a prefill keeps its luck with the scheduler:
         live's short ones got a core at once or waited, 1.2x to 4.3x their CPU time at one
         count); None when none was measured."""

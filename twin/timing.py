@@ -62,9 +62,10 @@ class TimingModel(Protocol):
         """Reading reused KV from the instance's "dram" or "ssd" tier into its GPUs."""
         ...
 
-    def decode_rate(self, num_busy: int) -> float | None:
-        """On a shared host, a decode step's share of a core while `num_busy` agents
-        compute: drawn from a live profile's measurement; None: processor sharing's."""
+    def decode_share(self) -> Callable[[int], float] | None:
+        """On a shared host, a decode batch's share of a core by the number of agents
+        computing, its place in a live profile's measured spread drawn once per stretch of
+        constant batch; None: processor sharing's."""
         ...
 
     def prefill_share(self) -> Callable[[int], float] | None:

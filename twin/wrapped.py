@@ -55,8 +55,8 @@ class WrappedTiming:
     def load_s(self, num_bytes: int, tier: str) -> float:
         return self.base.load_s(num_bytes, tier)
 
-    def decode_rate(self, num_busy: int) -> float | None:
-        return self.base.decode_rate(num_busy)
+    def decode_share(self) -> Callable[[int], float] | None:
+        return self.base.decode_share()
 
     def prefill_share(self) -> Callable[[int], float] | None:
         return self.base.prefill_share()

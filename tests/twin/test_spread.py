@@ -75,15 +75,22 @@ def test_a_live_profile_runs_in_the_twin_with_its_spread(tmp_path) -> None:
     assert len(steps) > 10  # each step drawn, not one constant
     # The policy's beliefs never carry the spread: stripped before the profiling sweep.
     assert policy_cost_model(timing) == policy_cost_model(load_timing(str(path), seed=9))
-    assert timing.decode_rate(2) is None  # agents on no shared host: processor sharing
+    assert timing.decode_share() is None  # agents on no shared host: processor sharing
     profile["spread"] |= {"decode_rate_1": [0.9, 1.0], "decode_rate_3": [0.6, 0.8]}
     path.write_text(json.dumps(profile))
     timing = load_timing(str(path), seed=3)
-    assert all(0.9 <= timing.decode_rate(1) <= 1.0 for _ in range(100))
-    assert all(0.9 <= timing.decode_rate(2) <= 1.0 for _ in range(100))  # nearest below: 1
-    assert all(0.6 <= timing.decode_rate(3) <= 0.8 for _ in range(100))
-    # Beyond the crowding measured: slowed by processor sharing (3 busy measured, 6 now).
-    assert all(0.3 <= timing.decode_rate(6) <= 0.4 for _ in range(100))
+    # A decode batch's share: one place in the spread per stretch, read at each count.
+    places = []
+    for _ in range(100):
+        share = timing.decode_share()
+        assert share is not None
+        place = (share(3) - 0.6) / 0.2
+        assert 0.0 <= place <= 1.0
+        assert share(1) == pytest.approx(0.9 + 0.1 * place) == share(2)  # nearest below: 1
+        # Beyond the crowding measured: slowed by processor sharing (3 busy measured, 6 now).
+        assert share(6) == pytest.approx(share(3) / 2)
+        places.append(place)
+    assert len({round(p, 6) for p in places}) > 50  # drawn for each stretch
     # A prefill's share: one place in the spread for its whole length, read at each count.
     assert timing.prefill_share() is None
     profile["spread"] |= {"prefill_rate_1": [0.8, 1.0], "prefill_rate_3": [0.2, 0.6]}
@@ -124,3 +131,49 @@ def test_a_burst_reaches_its_prefill_instance_in_order(tmp_path) -> None:
     by_arrival = sorted(report["requests"], key=lambda r: int(r["id"][1:]))
     first_tokens = [r["arrival_s"] + r["ttft_s"] for r in by_arrival]
     assert first_tokens == sorted(first_tokens)  # one instance, in order: first come first
+
+
+def test_a_decode_batch_keeps_its_draw_while_the_host_s_count_changes(tmp_path) -> None:
+    """Live's decode steps are whole: a step that got a fifth of a core is not cut short
+    because a prefill started beside it. A batch of one request runs 20 steps at a share of
+    a core drawn from [0.2, 1.0] while another agent enters and leaves the host every
+    millisecond: kept for the stretch, the steps take 1 / share on average, E[1/r] = ln 5 /
+    0.8 = 2.01 times their solo time; re-drawn at every change of the count, as the twin
+    did, they would take 1 / E[r] = 1.67 times."""
+    import simpy
+
+    from twin.decode import DecodeInstance, DecodeJob
+    from twin.host import HostCores, SharedHost
+
+    profile = live_profile(_calibrator(), [])
+    profile["spread"] = {"decode_rate_1": [0.2, 1.0], "decode_rate_2": [0.2, 1.0]}
+    path = tmp_path / "live.json"
+    path.write_text(json.dumps(profile))
+    timing = load_timing(str(path), seed=5)
+    env = simpy.Environment()
+    host = SharedHost(env, HostCores(prefill=2.0, decode=2.0))
+    tbt_means: list[float] = []
+    decode = DecodeInstance(
+        env, "d0", timing, 10**9, on_start=lambda job, now_s: None,
+        on_finish=lambda job, now_s, tbt_mean_s, tbt_max_s: tbt_means.append(tbt_mean_s),
+        host=host,
+    )  # fmt: skip
+
+    def flapping():  # another agent starting and ending work every millisecond
+        while True:
+            host.enter()
+            yield env.timeout(0.001)
+            host.leave()
+            yield env.timeout(0.001)
+
+    def requests():
+        for index in range(300):
+            decode.admit(DecodeJob(f"r{index}", 100, 20))
+            while decode.batch_size:
+                yield env.timeout(0.005)
+
+    env.process(flapping())
+    done = env.process(requests())
+    env.run(until=done)
+    solo_s = timing.decode_step_s(1, 100)
+    assert sum(tbt_means) / len(tbt_means) / solo_s == pytest.approx(2.01, rel=0.1)
