@@ -2,9 +2,10 @@
 
 import json
 
+import numpy as np
 import pytest
 
-from backend.observe.host_share import host_share
+from backend.observe.host_share import host_share, prefill_rates_by_busy, rates_by_busy
 from backend.observe.live_profile import live_profile
 from backend.policy.calibration import Calibrator, DecodeStepSample, PrefillSample
 from backend.policy.cost_model import CostModel, DecodeFit, LinkModel, PrefillFit
@@ -162,3 +163,27 @@ def test_decode_steps_and_prefills_rates_are_kept_by_how_many_agents_computed() 
     assert 24 <= sum(len(r) for r in share.prefill_rates.values()) <= 25
     assert all(r == pytest.approx(0.4) for r in share.prefill_rates[2])
     assert quantiles["prefill_rate_2"][0] == pytest.approx(0.4)
+
+
+def test_each_busy_count_s_share_of_a_core_is_fitted_through_prefills_that_span_several() -> None:
+    """Prefills spend parts of their time at two and at three busy agents, where a prefill
+    gets 0.6 and 0.4 of a core; one in four was unlucky with the scheduler (half of that).
+    Filed whole under its mean count, a prefill with a third of its time at two would say
+    0.47 "at three"; fitted through all of them, each count gets its own share and every
+    prefill its luck."""
+    rng = np.random.default_rng(3)
+    at_two = rng.uniform(0.0, 0.3, 40)
+    at_three = rng.uniform(0.1, 0.6, 40)
+    luck = np.where(np.arange(40) % 4 == 3, 0.5, 1.0)
+    cpu_s = luck * (0.6 * at_two + 0.4 * at_three)
+    time_at = np.stack([np.zeros(40), at_two, at_three], axis=1)  # nothing alone
+    rates = prefill_rates_by_busy(time_at, cpu_s)
+    assert set(rates) == {2, 3}
+    for count, share in ((2, 0.6), (3, 0.4)):
+        assert len(rates[count]) == 40
+        assert np.asarray(rates[count]) == pytest.approx(share * luck, rel=0.05)
+    # Filed whole under their mean counts (decode steps' way), the same prefills read
+    # the shares wrong by more than that.
+    counts = (2 * at_two + 3 * at_three) / (at_two + at_three)
+    filed = rates_by_busy(counts, at_two + at_three, cpu_s, 3)
+    assert np.median(filed[3]) > 0.42
