@@ -204,9 +204,7 @@ def rates_by_busy(
     return {key: tuple(values) for key, values in sorted(rates.items())}
 
 
-def prefill_rates_by_busy(
-    time_at: np.ndarray, cpu_s: np.ndarray
-) -> dict[int, tuple[float, ...]]:
+def prefill_rates_by_busy(time_at: np.ndarray, cpu_s: np.ndarray) -> dict[int, tuple[float, ...]]:
     """A prefill's share of a core at each number of busy agents, and each prefill's luck:
     given per prefill the seconds it spent at each count (`time_at[i, n - 1]`) and its CPU
     seconds.
