@@ -63,7 +63,7 @@ class HostShare:
     # Each decode step's CPU time over its wall time, by how many agents computed during
     # it (empty when the agents did not measure CPU time): see `rates_by_busy`.
     decode_rates: dict[int, tuple[float, ...]] = field(default_factory=dict)
-    # The same of each prefill.
+    # Each prefill's luck times its count's share, by busy count: see `prefill_rates_by_busy`.
     prefill_rates: dict[int, tuple[float, ...]] = field(default_factory=dict)
 
 
@@ -193,9 +193,10 @@ def rates_by_busy(
     the long prefills. Prefills at three busy agents took 1.2x to 4.3x their CPU time
     (p10-p90, speed 8) where the even share gives every one 2.1x: a short one is a few time
     slices the scheduler gives at once or late, and the Conductor's estimates (its pace, its
-    queues), and so its admission, err with that scatter. The twin draws from the quantiles
-    at its own busy count (twin/spread.py): a rate per stretch of decode steps, one place in
-    the spread per prefill."""
+    queues), and so its admission, err with that scatter (prefills are filed by
+    `prefill_rates_by_busy`, being long beside the count's changes). The twin draws from
+    the quantiles at its own busy count (twin/spread.py): one place in the spread per
+    stretch of constant decode batch, one per prefill."""
     rates: dict[int, list[float]] = {}
     for count, wall_s, cpu in zip(busy_agents, seconds, cpu_s, strict=True):
         if wall_s > 0:
