@@ -31,7 +31,7 @@ class PrefillJob:
     source: "PrefillInstance | None" = None
     compute_s: float = 0.0  # filled in when it runs
     fetched_bytes: int = 0  # filled in when its fetch ends
-    fetch_s: float = 0.0  # the fetch on the link, without waiting for its turn
+    fetch_s: float = 0.0  # the fetch on the link, without waiting for the link's turn
     # Its turn on the worker: fetch and compute (what a live agent measures as its seconds,
     # there with the hand-off, which the twin sends after the turn).
     worked_s: float = 0.0

@@ -4,11 +4,14 @@ import json
 import random
 
 import pytest
+import simpy
 
 from backend.observe.live_profile import live_profile
 from backend.policy.calibration import Calibrator, DecodeStepSample, PrefillSample, ServingSample
 from backend.policy.cost_model import CostModel, DecodeFit, LinkModel, PrefillFit
 from backend.rpc.reports import Join
+from twin.decode import DecodeInstance, DecodeJob
+from twin.host import HostCores, SharedHost
 from twin.spread import Quantiles, read_spread
 from twin.timing import load_timing, policy_cost_model
 
@@ -140,11 +143,6 @@ def test_a_decode_batch_keeps_its_draw_while_the_host_s_count_changes(tmp_path) 
     millisecond: kept for the stretch, the steps take 1 / share on average, E[1/r] = ln 5 /
     0.8 = 2.01 times their solo time; re-drawn at every change of the count, as the twin
     did, they would take 1 / E[r] = 1.67 times."""
-    import simpy
-
-    from twin.decode import DecodeInstance, DecodeJob
-    from twin.host import HostCores, SharedHost
-
     profile = live_profile(_calibrator(), [])
     profile["spread"] = {"decode_rate_1": [0.2, 1.0], "decode_rate_2": [0.2, 1.0]}
     path = tmp_path / "live.json"
