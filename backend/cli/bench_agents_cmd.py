@@ -10,7 +10,7 @@ from typing import Any
 
 import typer
 
-from backend.cli.bench_cmd import _print_table, bench_app
+from backend.cli.bench_cmd import _print_table, _stderr, bench_app
 
 
 def _report(title: str, result: dict[str, Any], as_json: bool) -> None:
@@ -207,3 +207,56 @@ def against_transformers(
         "model resident memory (MiB)": f"{result['model_rss_bytes'] / 2**20:.0f}",
     }
     _print_table(f"{model}: ours against transformers", rows)
+
+
+@bench_app.command("host-drift")
+def host_drift(
+    preset: str = typer.Option("tiny", "--preset", help="Model preset of the decode probe."),
+    duration_s: float = typer.Option(90.0, "--duration-s", min=0.1, help="Seconds measured."),
+    window_s: float = typer.Option(
+        7.5,
+        "--window-s",
+        min=0.01,
+        help="Window length: the warm-up a calibration has (7.5 s is a minute at speed 8).",
+    ),
+    as_json: bool = _json_option(),
+) -> None:
+    """How steady this host's speed is: a decode step of the agents' model, a matrix product
+    in cache and a memory copy, called in turn on one thread; per probe, each window's mean
+    CPU time per call against the run's, and how far a window's mean is from the next two
+    windows' (the noise floor of a twin calibrated from a warm-up of that length). Run it
+    with nothing else running."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from agents.bench.host_drift import PROBES, count_windows, host_drift_benchmark
+
+    try:
+        count_windows(duration_s, window_s)
+    except ValueError as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(2) from None
+    progress = Progress(TextColumn("host drift"), BarColumn(), TimeElapsedColumn(), console=_stderr)
+    with progress:
+        task = progress.add_task("host drift", total=duration_s)
+        result = host_drift_benchmark(
+            preset,
+            duration_s=duration_s,
+            window_s=window_s,
+            on_progress=lambda done_s: progress.update(task, completed=done_s),
+        )
+        progress.update(task, completed=duration_s)
+    if as_json:
+        typer.echo(json.dumps(result))
+        return
+    rows = {
+        f"{probe} ({result[probe]['mean_ms']:.3f} ms a call)": (
+            f"windows {min(result[probe]['windows']):.2f}-{max(result[probe]['windows']):.2f}x "
+            f"the mean; next two windows missed by {result[probe]['median_abs_err']:.1%} "
+            f"median, {result[probe]['max_abs_err']:.1%} worst, "
+            f"{result[probe]['share_over_10pct']:.0%} over 10 %"
+        )
+        for probe in PROBES
+    }
+    _print_table(
+        f"host drift: {result['num_windows']} windows of {window_s:g} s on one thread", rows
+    )

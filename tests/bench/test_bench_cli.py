@@ -99,3 +99,23 @@ def test_allocator_benchmark_reports_both_variants() -> None:
         assert report[f"{variant}_first_ms_per_100"] > 0
         assert report[f"{variant}_steady_ms_per_100"] > 0
         assert report[f"{variant}_first_over_steady"] > 0
+
+
+def test_host_drift_reports_each_probe_window_by_window() -> None:
+    report = _run_json("host-drift", "--duration-s", "1.2", "--window-s", "0.3")
+    assert report["num_windows"] == 4
+    for probe in ("decode", "compute", "memory"):
+        figures = report[probe]
+        assert figures["calls"] > 0 and figures["mean_ms"] > 0
+        assert len(figures["windows"]) == 4
+        # each window's mean over the run's: the call-weighted mean of them is 1
+        assert min(figures["windows"]) <= 1.0 + 1e-3 and max(figures["windows"]) >= 1.0 - 1e-3
+        assert figures["spread"] >= 1.0
+        assert 0 <= figures["median_abs_err"] <= figures["max_abs_err"]
+        assert 0 <= figures["share_over_10pct"] <= 1
+
+
+def test_host_drift_names_a_window_too_long_for_one_prediction() -> None:
+    result = runner.invoke(app, ["bench", "host-drift", "--duration-s", "2", "--window-s", "1"])
+    assert result.exit_code == 2
+    assert "holds 2 windows of 1 s; at least 3 are needed" in result.output
