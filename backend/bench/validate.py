@@ -39,6 +39,26 @@ OnStatus = Callable[[str, float], None]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class Bounds:
+    """How far the twin may be from live for a config to count as predicted (issue 11's
+    acceptance, docs/fidelity.md): TTFT p50/p90 and TBT p50 relative errors, the token hit
+    ratio in points, rejections within max(10 % of live's count, 1 % of the window's
+    requests), and Kendall's tau of mean TTFT over the configs."""
+
+    name: str
+    ttft_rel: float
+    tbt_rel: float
+    min_tau: float
+    hit_ratio_points: float = 0.02
+    rejected_rel: float = 0.10
+    rejected_share_of_requests: float = 0.01
+
+
+WAVE_BOUNDS = Bounds("wave", ttft_rel=0.20, tbt_rel=0.15, min_tau=0.6)  # this wave's
+GOAL_BOUNDS = Bounds("goal", ttft_rel=0.10, tbt_rel=0.05, min_tau=0.8)  # the goal (BLIS-like)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class ValidateSettings:
     """What to replay and on which stack."""
 
@@ -338,6 +358,78 @@ def compare_runs(
     return compared
 
 
+def config_entry(
+    change: Mapping[str, Any],
+    lives: Sequence[Mapping[str, Any]],
+    twins: Sequence[Mapping[str, Any]],
+) -> dict[str, Any]:
+    """One config of the result: its change, the window's requests live (the median over
+    runs; the rejection bound counts them) and the compared metrics."""
+    return {
+        "change": dict(change),
+        "num_requests": _median([report.get("num_requests") for report in lives]),
+        "metrics": compare_runs(lives, twins),
+    }
+
+
+def check_bounds(
+    configs: Sequence[Mapping[str, Any]], tau: float | None, bounds: Bounds
+) -> dict[str, Any]:
+    """Which of `bounds` the result holds: `held` (every item), `checked` and `missed` (one
+    line per item outside its bound, naming the config, the error and the bound)."""
+    missed: list[str] = []
+    checked = 0
+
+    def check(label: str, within: bool, text: str) -> None:
+        nonlocal checked
+        checked += 1
+        if not within:
+            missed.append(f"{label}: {text}")
+
+    for config in configs:
+        label = json.dumps(config["change"])
+        metrics = config["metrics"]
+        for name, bound in (
+            ("ttft_p50_s", bounds.ttft_rel),
+            ("ttft_p90_s", bounds.ttft_rel),
+            ("tbt_p50_s", bounds.tbt_rel),
+        ):
+            error = metrics[name]["rel_err"]
+            shown = "unknown" if error is None else f"{error:+.1%}"
+            check(
+                label,
+                error is not None and abs(error) <= bound,
+                f"{name} {shown} (bound {bound:.0%})",
+            )
+        live, twin = metrics["num_rejected"]["live"], metrics["num_rejected"]["twin"]
+        if live is not None and twin is not None:
+            allowed = max(
+                bounds.rejected_rel * live,
+                bounds.rejected_share_of_requests * (config.get("num_requests") or 0),
+            )
+            check(
+                label,
+                abs(twin - live) <= allowed,
+                f"num_rejected {twin:g} against live's {live:g} (bound {allowed:.1f})",
+            )
+        live, twin = metrics["cache_hit_ratio"]["live"], metrics["cache_hit_ratio"]["twin"]
+        if live is not None and twin is not None:
+            points = 100 * (twin - live)
+            check(
+                label,
+                abs(twin - live) <= bounds.hit_ratio_points + 1e-12,
+                f"cache_hit_ratio {points:+.1f} points (bound {100 * bounds.hit_ratio_points:g})",
+            )
+    if len(configs) > 1:
+        check(
+            "all configs",
+            tau is not None and tau >= bounds.min_tau,
+            f"kendall tau of ttft_mean_s {'unknown' if tau is None else f'{tau:.2f}'} "
+            f"(bound >= {bounds.min_tau:g})",
+        )
+    return {"held": not missed, "checked": checked, "missed": missed}
+
+
 def _median(values: Sequence[float | None]) -> float | None:
     known = [v for v in values if v is not None]
     return float(statistics.median(known)) if known else None
@@ -422,7 +514,7 @@ def validate(
                 raw.append(
                     {"change": dict(change), "index": index, "run": run, "live": live, "twin": twin}
                 )
-            configs.append({"change": dict(change), "metrics": compare_runs(lives, twins)})
+            configs.append(config_entry(change, lives, twins))
         settings_json = {
             **{k: v for k, v in dataclasses.asdict(settings).items() if k != "trace"},
             "trace": str(settings.trace),
@@ -437,13 +529,19 @@ def repredict(
     kept: Path,
     *,
     seeds: int,
+    hindsight: bool = False,
     out: Path | None = None,
     on_status: OnStatus | None = None,
 ) -> dict[str, Any]:
     """Predict again the live runs a `validate --out` kept in `kept`, with this twin and no
     live run: what a change to the twin does to its fidelity, on the very windows it was
     measured against (a validate of four configs takes minutes of live runs; this, seconds).
-    The result has validate's shape; `settings.twin_seeds` is `seeds`."""
+    The result has validate's shape; `settings.twin_seeds` is `seeds`.
+
+    `hindsight`: the twin reads the live profile as of the window's end (the calibration
+    window then holds the warm-up and the measured window) instead of the warm-up's end.
+    Not a prediction, since it has seen the window: the twin's own error apart from how far
+    the host's speed moved between warm-up and window (`settings.hindsight`)."""
     if seeds < 1:
         raise ValueError(f"--twin-seeds must be at least 1, got {seeds}")
     if out is not None and out.resolve() == kept.resolve():
@@ -457,19 +555,27 @@ def repredict(
         if on_status is not None:
             label = f"run {number + 1}/{len(runs)}, config {json.dumps(entry['change'])}"
             on_status(f"{label}: predicting the window with the twin", number)
+        live = entry["live"]
+        if hindsight:
+            live = {**live, "calibration": live["calibration_after"]}
         with tempfile.TemporaryDirectory(prefix="kvc-repredict-") as folder:
-            entry["twin"] = predict(entry["live"], block_size, Path(folder), seeds=seeds)
+            entry["twin"] = predict(live, block_size, Path(folder), seeds=seeds)
         by_index.setdefault(entry["index"], []).append(entry)
     configs = [
-        {
-            "change": entries[0]["change"],
-            "metrics": compare_runs(
-                [e["live"]["report"] for e in entries], [e["twin"] for e in entries]
-            ),
-        }
+        config_entry(
+            entries[0]["change"],
+            [e["live"]["report"] for e in entries],
+            [e["twin"] for e in entries],
+        )
         for _, entries in sorted(by_index.items())
     ]
-    result = _result({**settings_json, "twin_seeds": seeds, "repredicted_from": str(kept)}, configs)
+    settings_json = {
+        **settings_json,
+        "twin_seeds": seeds,
+        "repredicted_from": str(kept),
+        "hindsight": hindsight,
+    }
+    result = _result(settings_json, configs)
     if out is not None:
         write_outputs(result, runs, out)
     return result
@@ -507,19 +613,25 @@ def _number_in(name: str) -> int:
 
 
 def _result(settings_json: Mapping[str, Any], configs: list[dict[str, Any]]) -> dict[str, Any]:
-    """The object `--json` prints: settings, each config's metrics, the rankings' tau and
-    how often the twin moved a metric the way live did."""
+    """The object `--json` prints: settings, each config's metrics, the rankings' tau, how
+    often the twin moved a metric the way live did, and which bounds it held (`bounds`:
+    this wave's acceptance and the goal, `check_bounds`)."""
+    tau = {
+        name: kendall_tau(
+            [c["metrics"][name]["live"] for c in configs],
+            [c["metrics"][name]["twin"] for c in configs],
+        )
+        for name in RANKED
+    }
     return {
         "settings": dict(settings_json),
         "configs": configs,
-        "kendall_tau": {
-            name: kendall_tau(
-                [c["metrics"][name]["live"] for c in configs],
-                [c["metrics"][name]["twin"] for c in configs],
-            )
-            for name in RANKED
-        },
+        "kendall_tau": tau,
         "directions": directions(configs),
+        "bounds": {
+            bounds.name: check_bounds(configs, tau["ttft_mean_s"], bounds)
+            for bounds in (WAVE_BOUNDS, GOAL_BOUNDS)
+        },
     }
 
 

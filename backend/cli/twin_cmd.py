@@ -470,6 +470,11 @@ def _show_validation(result: dict, out: Path | None, as_json: bool) -> None:
     ]
     _print_rows(rows, ["config", "metric", "live", "twin", "rel_err"], "live vs twin")
     typer.echo(f"kendall tau: {result['kendall_tau']}  directions: {result['directions']}")
+    for name, verdict in result["bounds"].items():
+        held = verdict["checked"] - len(verdict["missed"])
+        typer.echo(f"{name} bounds: {held} of {verdict['checked']} held")
+        for line in verdict["missed"]:
+            typer.echo(f"  missed {line}")
     if out is not None:
         typer.echo(f"wrote {out}/result.json, {out}/validate.html and the raw reports")
 
@@ -487,6 +492,13 @@ def repredict_command(
         "--out",
         help="Another folder for the new result.json, the reports and validate.html.",
     ),
+    hindsight: bool = typer.Option(
+        False,
+        "--hindsight",
+        help="Read each run's calibration as of the window's end, not the warm-up's: the "
+        "twin's own error apart from the host's drift between warm-up and window (it has "
+        "seen the window, so it is no prediction).",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the result as one JSON object."),
 ) -> None:
     """Predict the live runs a validate kept again, with this twin and no live run.
@@ -501,7 +513,9 @@ def repredict_command(
     result = _with_status(
         "repredict",
         None,
-        lambda on_status: repredict(kept, seeds=seeds, out=out, on_status=on_status),
+        lambda on_status: repredict(
+            kept, seeds=seeds, hindsight=hindsight, out=out, on_status=on_status
+        ),
     )
     _show_validation(result, out, as_json)
 

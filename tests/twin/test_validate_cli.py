@@ -8,7 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from backend.bench.validate import compare_runs, median_report
+from backend.bench.validate import (
+    GOAL_BOUNDS,
+    WAVE_BOUNDS,
+    check_bounds,
+    compare_runs,
+    config_entry,
+    median_report,
+)
 
 KVCENTRIC = str(Path(sys.executable).parent / "kvcentric")
 
@@ -81,6 +88,48 @@ def test_the_twins_seeds_are_combined_metric_by_metric() -> None:
     assert result.returncode == 2 and "--twin-seeds must be at least 1" in result.stderr
 
 
+def _report(ttft_p50_s, tbt_p50_s, rejected, hit, num_requests=400):
+    return {
+        "ttft_p50_s": ttft_p50_s,
+        "ttft_p90_s": 2 * ttft_p50_s,
+        "tbt_p50_s": tbt_p50_s,
+        "num_rejected": rejected,
+        "cache_hit_ratio": hit,
+        "num_requests": num_requests,
+    }
+
+
+def test_the_result_names_each_bound_the_twin_missed() -> None:
+    configs = [
+        # within every bound of the wave: 19 % TTFT, 14 % TBT, 3 rejections of 400 requests
+        # (1 % is 4), 1.9 points
+        config_entry({}, [_report(1.0, 0.010, 10, 0.200)], [_report(1.19, 0.0114, 13, 0.219)]),
+        # rejections: 10 % of live's 100 allowed, 15 more; the hit ratio 2.5 points off
+        config_entry(
+            {"prefill": 1, "decode": 2},
+            [_report(2.0, 0.010, 100, 0.200)],
+            [_report(2.0, 0.010, 115, 0.225)],
+        ),
+    ]
+    assert configs[0]["num_requests"] == 400
+    wave = check_bounds(configs, 1.0, WAVE_BOUNDS)
+    assert not wave["held"] and wave["checked"] == 2 * 5 + 1
+    assert wave["missed"] == [
+        '{"prefill": 1, "decode": 2}: num_rejected 115 against live\'s 100 (bound 10.0)',
+        '{"prefill": 1, "decode": 2}: cache_hit_ratio +2.5 points (bound 2)',
+    ]
+    goal = check_bounds(configs, 0.67, GOAL_BOUNDS)
+    assert "{}: ttft_p50_s +19.0% (bound 10%)" in goal["missed"]
+    assert "{}: tbt_p50_s +14.0% (bound 5%)" in goal["missed"]
+    assert goal["missed"][-1] == "all configs: kendall tau of ttft_mean_s 0.67 (bound >= 0.8)"
+    # One config: no ranking to check; every item held.
+    assert check_bounds(configs[:1], None, WAVE_BOUNDS) == {
+        "held": True,
+        "checked": 5,
+        "missed": [],
+    }
+
+
 def test_an_slo_must_be_a_positive_number_of_seconds() -> None:
     for flag, value in (("--tbt-slo", "0"), ("--ttft-slo", "-1"), ("--tbt-slo", "fast")):
         result = run("--minutes", "0:1", flag, value, timeout_s=60)
@@ -116,6 +165,8 @@ def test_a_short_window_live_and_in_the_twin(tmp_path) -> None:
         assert metrics["ttft_p50_s"]["rel_err"] == pytest.approx((twin - live) / abs(live))
     assert set(report["kendall_tau"]) == {"ttft_mean_s", "goodput_rps"}
     assert set(report["directions"]) == {"right", "total"}
+    assert set(report["bounds"]) == {"wave", "goal"}
+    assert report["bounds"]["wave"]["checked"] == 2 * 5 + 1
     assert (out / "validate.html").read_text().count("plotly") > 0
     for index in (0, 1):
         folder = out / f"config-{index}"
@@ -140,6 +191,19 @@ def test_a_short_window_live_and_in_the_twin(tmp_path) -> None:
         assert after["metrics"]["ttft_p50_s"]["twin"] > 0
     assert json.loads((tmp_path / "again" / "result.json").read_text()) == repredicted
     assert "run 2/2" in again.stderr
+    assert repredicted["settings"]["hindsight"] is False
+    hindsight = subprocess.run(  # the same runs on the calibration as of the window's end
+        [KVCENTRIC, "twin", "repredict", str(out), "--twin-seeds", "1", "--hindsight", "--json"],
+        capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert hindsight.returncode == 0, hindsight.stderr[-3000:]
+    seen = json.loads(hindsight.stdout)
+    assert seen["settings"]["hindsight"] is True
+    for before, after in zip(report["configs"], seen["configs"], strict=True):
+        assert (
+            after["metrics"]["num_completed"]["live"] == before["metrics"]["num_completed"]["live"]
+        )
+        assert after["metrics"]["ttft_p50_s"]["twin"] > 0
 
 
 def test_repredict_names_a_folder_validate_did_not_write(tmp_path) -> None:
