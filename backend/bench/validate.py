@@ -24,6 +24,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from backend.cli.children import KVCENTRIC, WARMUP_TOKENS, Child, get_json, start_local_stack
 from backend.observe.measures import FIDELITY_METRICS, relative_error
 from backend.policy.config import PolicyConfig, json_safe, policy_from_json
@@ -372,62 +374,105 @@ def config_entry(
     }
 
 
+BOUNDED = ("ttft_p50_s", "ttft_p90_s", "tbt_p50_s", "num_rejected", "cache_hit_ratio")
+LIVE_NOISE_RESAMPLES = 20_000
+
+
+def within_bound(name: str, bounds: Bounds, live: Any, other: Any, num_requests: float) -> Any:
+    """Whether `other` lies within `bounds` of `live` for the metric `name` (one of
+    BOUNDED); takes floats or numpy arrays alike."""
+    gap = abs(other - live)
+    if name == "num_rejected":
+        share = bounds.rejected_share_of_requests * num_requests
+        return gap <= np.maximum(bounds.rejected_rel * live, share)
+    if name == "cache_hit_ratio":
+        return gap <= bounds.hit_ratio_points + 1e-12
+    bound = bounds.tbt_rel if name == "tbt_p50_s" else bounds.ttft_rel
+    return gap <= bound * abs(live)
+
+
 def check_bounds(
     configs: Sequence[Mapping[str, Any]], tau: float | None, bounds: Bounds
 ) -> dict[str, Any]:
-    """Which of `bounds` the result holds: `held` (every item), `checked` and `missed` (one
-    line per item outside its bound, naming the config, the error and the bound)."""
+    """Which of `bounds` the result holds: `held` (every item), `checked`, `missed` (one
+    line per item outside its bound, naming the config, the error and the bound) and, with
+    three or more live runs a config, `live_noise` (`live_noise_chance`)."""
     missed: list[str] = []
     checked = 0
-
-    def check(label: str, within: bool, text: str) -> None:
-        nonlocal checked
-        checked += 1
-        if not within:
-            missed.append(f"{label}: {text}")
-
     for config in configs:
         label = json.dumps(config["change"])
-        metrics = config["metrics"]
-        for name, bound in (
-            ("ttft_p50_s", bounds.ttft_rel),
-            ("ttft_p90_s", bounds.ttft_rel),
-            ("tbt_p50_s", bounds.tbt_rel),
-        ):
-            error = metrics[name]["rel_err"]
-            shown = "unknown" if error is None else f"{error:+.1%}"
-            check(
-                label,
-                error is not None and abs(error) <= bound,
-                f"{name} {shown} (bound {bound:.0%})",
-            )
-        live, twin = metrics["num_rejected"]["live"], metrics["num_rejected"]["twin"]
-        if live is not None and twin is not None:
-            allowed = max(
-                bounds.rejected_rel * live,
-                bounds.rejected_share_of_requests * (config.get("num_requests") or 0),
-            )
-            check(
-                label,
-                abs(twin - live) <= allowed,
-                f"num_rejected {twin:g} against live's {live:g} (bound {allowed:.1f})",
-            )
-        live, twin = metrics["cache_hit_ratio"]["live"], metrics["cache_hit_ratio"]["twin"]
-        if live is not None and twin is not None:
-            points = 100 * (twin - live)
-            check(
-                label,
-                abs(twin - live) <= bounds.hit_ratio_points + 1e-12,
-                f"cache_hit_ratio {points:+.1f} points (bound {100 * bounds.hit_ratio_points:g})",
-            )
+        num_requests = config.get("num_requests") or 0
+        for name in BOUNDED:
+            live, twin = config["metrics"][name]["live"], config["metrics"][name]["twin"]
+            absolute = name in ("num_rejected", "cache_hit_ratio")
+            if absolute and None in (live, twin):
+                continue  # not recorded on one side: nothing to check
+            checked += 1
+            if live is None or twin is None or (not absolute and live == 0):
+                missed.append(f"{label}: {name} unknown (no relative error)")
+            elif not within_bound(name, bounds, live, twin, num_requests):
+                missed.append(f"{label}: {_miss(name, bounds, live, twin, num_requests)}")
     if len(configs) > 1:
-        check(
-            "all configs",
-            tau is not None and tau >= bounds.min_tau,
-            f"kendall tau of ttft_mean_s {'unknown' if tau is None else f'{tau:.2f}'} "
-            f"(bound >= {bounds.min_tau:g})",
-        )
-    return {"held": not missed, "checked": checked, "missed": missed}
+        checked += 1
+        if tau is None or tau < bounds.min_tau:
+            shown = "unknown" if tau is None else f"{tau:.2f}"
+            missed.append(
+                f"all configs: kendall tau of ttft_mean_s {shown} (bound >= {bounds.min_tau:g})"
+            )
+    verdict: dict[str, Any] = {"held": not missed, "checked": checked, "missed": missed}
+    noise = live_noise_chance(configs, bounds)
+    if noise is not None:
+        verdict["live_noise"] = noise
+    return verdict
+
+
+def _miss(name: str, bounds: Bounds, live: float, twin: float, num_requests: float) -> str:
+    if name == "num_rejected":
+        allowed = max(bounds.rejected_rel * live, bounds.rejected_share_of_requests * num_requests)
+        return f"num_rejected {twin:g} against live's {live:g} (bound {allowed:.1f})"
+    if name == "cache_hit_ratio":
+        points = 100 * (twin - live)
+        return f"cache_hit_ratio {points:+.1f} points (bound {100 * bounds.hit_ratio_points:g})"
+    bound = bounds.tbt_rel if name == "tbt_p50_s" else bounds.ttft_rel
+    return f"{name} {(twin - live) / abs(live):+.1%} (bound {bound:.0%})"
+
+
+def live_noise_chance(
+    configs: Sequence[Mapping[str, Any]], bounds: Bounds, *, seed: int = 0
+) -> dict[str, Any] | None:
+    """How far live's own run-to-run spread lets any twin meet `bounds`: the chance that
+    the median of as many live runs as each config has, drawn again from its runs, lies
+    within the bound of the median of them all, on every bounded metric at once (the runs
+    drawn together, so correlated metrics stay so). That is what a twin that predicted
+    exactly the median of live's runs could expect to hold. `chance_all_held` multiplies
+    the configs' chances (their runs are independent; Kendall's tau is left out);
+    `chance_by_config` and `chance_by_item` (label: metric) give the parts. None when a
+    config has fewer than three live runs of every bounded metric."""
+    rng = np.random.default_rng(seed)
+    by_config: dict[str, float] = {}
+    by_item: dict[str, float] = {}
+    for config in configs:
+        metrics = config["metrics"]
+        runs = {name: metrics[name].get("live_runs") for name in BOUNDED}
+        if any(r is None or len(r) < 3 or None in r for r in runs.values()):
+            return None
+        label = json.dumps(config["change"])
+        num_runs = len(runs["ttft_p50_s"])
+        picks = rng.integers(0, num_runs, (LIVE_NOISE_RESAMPLES, num_runs))
+        held_all = np.ones(LIVE_NOISE_RESAMPLES, dtype=bool)
+        for name, values in runs.items():
+            values_array = np.asarray(values, dtype=float)
+            medians = np.median(values_array[picks], axis=1)
+            center = float(np.median(values_array))
+            held = within_bound(name, bounds, center, medians, config.get("num_requests") or 0)
+            by_item[f"{label}: {name}"] = round(float(held.mean()), 3)
+            held_all &= held
+        by_config[label] = round(float(held_all.mean()), 3)
+    return {
+        "chance_all_held": round(float(np.prod(list(by_config.values()))), 4),
+        "chance_by_config": by_config,
+        "chance_by_item": by_item,
+    }
 
 
 def _median(values: Sequence[float | None]) -> float | None:

@@ -475,6 +475,14 @@ def _show_validation(result: dict, out: Path | None, as_json: bool) -> None:
         typer.echo(f"{name} bounds: {held} of {verdict['checked']} held")
         for line in verdict["missed"]:
             typer.echo(f"  missed {line}")
+        noise = verdict.get("live_noise")
+        if noise is not None:
+            parts = ", ".join(f"{k} {v:.2f}" for k, v in noise["chance_by_config"].items())
+            typer.echo(
+                f"  live's own spread: a twin predicting the median of live's runs exactly "
+                f"would hold every config's items with chance {noise['chance_all_held']:.2f} "
+                f"({parts})"
+            )
     if out is not None:
         typer.echo(f"wrote {out}/result.json, {out}/validate.html and the raw reports")
 

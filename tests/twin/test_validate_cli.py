@@ -14,6 +14,7 @@ from backend.bench.validate import (
     check_bounds,
     compare_runs,
     config_entry,
+    live_noise_chance,
     median_report,
 )
 
@@ -128,6 +129,26 @@ def test_the_result_names_each_bound_the_twin_missed() -> None:
         "checked": 5,
         "missed": [],
     }
+
+
+def test_live_noise_is_the_chance_a_twin_at_lives_median_holds_the_bounds() -> None:
+    steady = [_report(1.0, 0.010, 10, 0.20) for _ in range(5)]
+    # TBT p50 of 10 ms in three runs, 20 ms in two: a median of five runs drawn from them is
+    # 20 ms (outside 15 % of the 10 ms median) when three or more draws are 20 ms,
+    # P(Binomial(5, 0.4) >= 3) = 0.317.
+    spread = [_report(1.0, tbt, 10, 0.20) for tbt in (0.010, 0.010, 0.010, 0.020, 0.020)]
+    configs = [config_entry({}, steady, steady), config_entry({"prefill": 1}, spread, spread)]
+    noise = live_noise_chance(configs, WAVE_BOUNDS)
+    assert noise["chance_by_config"]["{}"] == 1.0
+    assert noise["chance_by_config"]['{"prefill": 1}'] == pytest.approx(0.683, abs=0.01)
+    assert noise["chance_by_item"]['{"prefill": 1}: tbt_p50_s'] == pytest.approx(0.683, abs=0.01)
+    assert noise["chance_by_item"]['{"prefill": 1}: ttft_p50_s'] == 1.0
+    assert noise["chance_all_held"] == pytest.approx(0.683, abs=0.01)
+    assert check_bounds(configs, 1.0, WAVE_BOUNDS)["live_noise"] == noise
+    # Two runs a config are too few to draw from: no figure, and check_bounds leaves it out.
+    two = [config_entry({}, steady[:2], steady[:2])]
+    assert live_noise_chance(two, WAVE_BOUNDS) is None
+    assert "live_noise" not in check_bounds(two, None, WAVE_BOUNDS)
 
 
 def test_an_slo_must_be_a_positive_number_of_seconds() -> None:
