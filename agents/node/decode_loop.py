@@ -125,7 +125,7 @@ class DecodeLoop:
             self._let_callers_in()
 
     def _on_token(self, request_id: str, token: int, logprob: TokenLogprob | None) -> None:
-        self._streams[request_id].put((token, logprob))
+        self._streams[request_id].put((token, logprob, time.monotonic()))
 
     def _on_finish(self, outcome: DecodeOutcome) -> None:
         stream = self._streams.pop(outcome.request_id, None)

@@ -152,8 +152,10 @@ class AgentService(pb_grpc.AgentServicer):
                         stage=item.stage or "",
                     )
                     return
-                token, logprob = item
-                message = pb.DecodeMessage(request_id=request.request_id, token=token, index=index)
+                token, logprob, produced_s = item
+                message = pb.DecodeMessage(
+                    request_id=request.request_id, token=token, index=index, produced_s=produced_s
+                )
                 if logprob is not None:
                     message.logprob = logprob.logprob
                     message.top_logprobs.extend(_alternatives(logprob))

@@ -202,7 +202,7 @@ class DispatchDecodeRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., num_context_tokens: _Optional[int] = ..., first_token: _Optional[int] = ..., max_tokens: _Optional[int] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., arrival_check: _Optional[_Union[ArrivalCheck, _Mapping]] = ...) -> None: ...
 
 class DecodeMessage(_message.Message):
-    __slots__ = ("request_id", "token", "index", "done", "status", "reason", "stage", "logprob", "top_logprobs")
+    __slots__ = ("request_id", "token", "index", "done", "status", "reason", "stage", "logprob", "top_logprobs", "produced_s")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
@@ -212,6 +212,7 @@ class DecodeMessage(_message.Message):
     STAGE_FIELD_NUMBER: _ClassVar[int]
     LOGPROB_FIELD_NUMBER: _ClassVar[int]
     TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    PRODUCED_S_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     token: int
     index: int
@@ -221,7 +222,8 @@ class DecodeMessage(_message.Message):
     stage: str
     logprob: float
     top_logprobs: _containers.RepeatedCompositeFieldContainer[TokenLogprob]
-    def __init__(self, request_id: _Optional[str] = ..., token: _Optional[int] = ..., index: _Optional[int] = ..., done: _Optional[bool] = ..., status: _Optional[str] = ..., reason: _Optional[str] = ..., stage: _Optional[str] = ..., logprob: _Optional[float] = ..., top_logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ...) -> None: ...
+    produced_s: float
+    def __init__(self, request_id: _Optional[str] = ..., token: _Optional[int] = ..., index: _Optional[int] = ..., done: _Optional[bool] = ..., status: _Optional[str] = ..., reason: _Optional[str] = ..., stage: _Optional[str] = ..., logprob: _Optional[float] = ..., top_logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ..., produced_s: _Optional[float] = ...) -> None: ...
 
 class ReplicateBlocksRequest(_message.Message):
     __slots__ = ("request_id", "source_instance_id", "source_data_address", "keys", "first_depth")

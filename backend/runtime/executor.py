@@ -8,7 +8,6 @@ returned as work to do after the lock.
 """
 
 import dataclasses
-import itertools
 import logging
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -152,12 +151,10 @@ class EffectExecutor(EffectHandler):
         if stream is None or stream.outcome is not None:
             return []
         tbt = stream.tbt_s()
-        times = stream.token_times_s
+        gaps = stream.tbt_gaps_s()
         stream.outcome = dataclasses.replace(
             outcome,
-            tbt_gap_histogram=gap_histogram(b - a for a, b in itertools.pairwise(times))
-            if len(times) > 1
-            else None,
+            tbt_gap_histogram=gap_histogram(gaps) if gaps else None,
             num_generated_tokens=len(stream.tokens),
             num_reused_tokens=stream.num_reused_tokens,
             num_transferred_tokens=stream.num_fetched_tokens,
@@ -169,7 +166,8 @@ class EffectExecutor(EffectHandler):
         self.open.pop(request_id, None)
         # Kept for the newest max_finished_requests finished requests: only what callers read
         # (outcome, generated tokens, decisions), not the prompt (160 KiB at 4,000 tokens).
-        stream.token_ids, stream.block_keys, stream.token_times_s = (), (), []
+        stream.token_ids, stream.block_keys = (), ()
+        stream.token_times_s, stream.token_produced_s = [], []
         self.log_record("outcome", request_id=request_id, outcome=stream.outcome)
         self._finished.append(request_id)
         while len(self._finished) > self.max_finished_requests:

@@ -360,7 +360,12 @@ class RequestRunner:
                     self._executor.feed(
                         ev.DecodeStarted(state.clock(), stream.request_id, effect.instance_id)
                     )
-                stream.push_token(message.token, state.clock(), _message_logprob(stream, message))
+                stream.push_token(
+                    message.token,
+                    state.clock(),
+                    _message_logprob(stream, message),
+                    produced_s=message.produced_s,
+                )
                 self._executor.feed(
                     ev.DecodeStep(state.clock(), stream.request_id, len(stream.tokens))
                 )

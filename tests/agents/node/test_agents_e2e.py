@@ -3,6 +3,9 @@
 The reference is a single-process run of the same seeded model.
 """
 
+import itertools
+import time
+
 import grpc
 import numpy as np
 import pytest
@@ -89,9 +92,15 @@ def test_fetch_reuse_matches_cold_prefill_and_decode_streams_reference(cluster, 
             max_tokens=MAX_TOKENS,
         )
     )
+    before_s = time.monotonic()  # the agents run on this host: Linux's monotonic clock is shared
     messages = list(stream)
     assert [m.token for m in messages if not m.done] == reference_tokens
     assert messages[-1].done and messages[-1].status == "completed"
+    # Each token says when the agent produced it (the TBT the Conductor records): in order,
+    # one step apart, all within the call.
+    stamps = [m.produced_s for m in messages if not m.done]
+    assert before_s <= stamps[0] and stamps == sorted(stamps) and stamps[-1] <= time.monotonic()
+    assert all(b > a for a, b in itertools.pairwise(stamps))
 
     state = b.stub.GetState(pb.GetStateRequest(take_events=True))
     assert state.memory.num_dram_blocks == 3 and state.role == pb.PREFILL
