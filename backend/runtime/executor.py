@@ -28,7 +28,7 @@ from backend.policy.effects import (
     carry_out,
 )
 from backend.runtime.hotspots import BlockHits
-from backend.runtime.requests import RequestStream
+from backend.runtime.requests import RequestStream, gap_summary
 from backend.runtime.state import AfterWork, AgentInfo, RuntimeState, run_after
 
 logger = logging.getLogger(__name__)
@@ -150,8 +150,8 @@ class EffectExecutor(EffectHandler):
         stream = self._state.requests.get(request_id)
         if stream is None or stream.outcome is not None:
             return []
-        tbt = stream.tbt_s()
         gaps = stream.tbt_gaps_s()
+        tbt = gap_summary(gaps)
         stream.outcome = dataclasses.replace(
             outcome,
             tbt_gap_histogram=gap_histogram(gaps) if gaps else None,

@@ -6,7 +6,7 @@ import itertools
 import math
 import queue
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -156,13 +156,18 @@ class RequestStream:
 
     def tbt_s(self) -> tuple[float, float, float] | None:
         """Mean, p99 and max of the gaps between tokens (`tbt_gaps_s`); None under two."""
-        gaps = sorted(self.tbt_gaps_s())
-        if not gaps:
-            return None
-        p99 = gaps[min(len(gaps) - 1, math.ceil(0.99 * len(gaps)) - 1)]
-        return sum(gaps) / len(gaps), p99, gaps[-1]
+        return gap_summary(self.tbt_gaps_s())
 
     def close(self) -> None:
         """Called once, after `outcome` is set."""
         self._put(_END)
         self._done.set()
+
+
+def gap_summary(gaps: Sequence[float]) -> tuple[float, float, float] | None:
+    """Mean, p99 and max of a request's token gaps; None when there are none."""
+    if not gaps:
+        return None
+    ordered = sorted(gaps)
+    p99 = ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)]
+    return sum(ordered) / len(ordered), p99, ordered[-1]
