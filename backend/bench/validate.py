@@ -378,17 +378,24 @@ BOUNDED = ("ttft_p50_s", "ttft_p90_s", "tbt_p50_s", "num_rejected", "cache_hit_r
 LIVE_NOISE_RESAMPLES = 20_000
 
 
-def within_bound(name: str, bounds: Bounds, live: Any, other: Any, num_requests: float) -> Any:
-    """Whether `other` lies within `bounds` of `live` for the metric `name` (one of
-    BOUNDED); takes floats or numpy arrays alike."""
-    gap = abs(other - live)
+def allowed_gap(name: str, bounds: Bounds, live: Any, num_requests: float) -> Any:
+    """The largest |twin - live| `bounds` allow for the metric `name` (one of BOUNDED);
+    takes a float or a numpy array of live values alike."""
     if name == "num_rejected":
         share = bounds.rejected_share_of_requests * num_requests
-        return gap <= np.maximum(bounds.rejected_rel * live, share)
+        return np.maximum(bounds.rejected_rel * live, share)
     if name == "cache_hit_ratio":
-        return gap <= bounds.hit_ratio_points + 1e-12
-    bound = bounds.tbt_rel if name == "tbt_p50_s" else bounds.ttft_rel
-    return gap <= bound * abs(live)
+        return bounds.hit_ratio_points + 1e-12
+    return _relative_bound(name, bounds) * abs(live)
+
+
+def within_bound(name: str, bounds: Bounds, live: Any, other: Any, num_requests: float) -> Any:
+    """Whether `other` lies within `bounds` of `live` for `name`; floats or arrays alike."""
+    return abs(other - live) <= allowed_gap(name, bounds, live, num_requests)
+
+
+def _relative_bound(name: str, bounds: Bounds) -> float:
+    return bounds.tbt_rel if name == "tbt_p50_s" else bounds.ttft_rel
 
 
 def check_bounds(
@@ -428,12 +435,12 @@ def check_bounds(
 
 def _miss(name: str, bounds: Bounds, live: float, twin: float, num_requests: float) -> str:
     if name == "num_rejected":
-        allowed = max(bounds.rejected_rel * live, bounds.rejected_share_of_requests * num_requests)
+        allowed = float(allowed_gap(name, bounds, live, num_requests))
         return f"num_rejected {twin:g} against live's {live:g} (bound {allowed:.1f})"
     if name == "cache_hit_ratio":
         points = 100 * (twin - live)
         return f"cache_hit_ratio {points:+.1f} points (bound {100 * bounds.hit_ratio_points:g})"
-    bound = bounds.tbt_rel if name == "tbt_p50_s" else bounds.ttft_rel
+    bound = _relative_bound(name, bounds)
     return f"{name} {(twin - live) / abs(live):+.1%} (bound {bound:.0%})"
 
 
