@@ -301,14 +301,26 @@ def _spread(
         spread["dispatch_s"] = _quantiles([s.dispatch_s for s in calibrator.serving])
         spread["first_token_s"] = _quantiles([s.first_token_s for s in calibrator.serving])
     if share is not None:  # the share of a core decode steps and prefills got, by busy agents
-        for role, by_busy in (("decode", share.decode_rates), ("prefill", share.prefill_rates)):
-            for busy_agents, rates in by_busy.items():
-                if len(rates) >= MIN_POINTS_PER_RATE:
-                    spread[f"{role}_rate_{busy_agents}"] = _quantiles(list(rates))
+        for busy_agents, rates in share.decode_rates.items():
+            if len(rates) >= MIN_POINTS_PER_RATE:
+                spread[f"decode_rate_{busy_agents}"] = _quantiles(list(rates))
+        for busy_agents, rates in share.prefill_rates.items():
+            if len(rates) >= MIN_POINTS_PER_RATE:
+                # weighted by each prefill's work (host_share.prefill_rates_by_busy)
+                weights = share.prefill_rate_weights
+                spread[f"prefill_rate_{busy_agents}"] = _quantiles(list(rates), weights)
     return spread
 
 
-def _quantiles(values: list[float]) -> list[float]:
-    return [
-        float(v) for v in np.quantile(np.maximum(values, 0.0), np.linspace(0, 1, NUM_QUANTILES))
-    ]
+def _quantiles(values: Sequence[float], weights: Sequence[float] = ()) -> list[float]:
+    """NUM_QUANTILES evenly spaced quantiles of `values`; with `weights` (one per value), of
+    the distribution where each value counts by its weight (each at the middle of its
+    weight's stretch of the cumulative sum, linear between)."""
+    values = np.maximum(np.asarray(values, dtype=float), 0.0)
+    positions = np.linspace(0, 1, NUM_QUANTILES)
+    if len(weights) == 0 or not np.sum(weights) > 0:
+        return [float(v) for v in np.quantile(values, positions)]
+    order = np.argsort(values)
+    sorted_values, sorted_weights = values[order], np.asarray(weights, dtype=float)[order]
+    middles = (np.cumsum(sorted_weights) - 0.5 * sorted_weights) / np.sum(sorted_weights)
+    return [float(v) for v in np.interp(positions, middles, sorted_values)]

@@ -177,7 +177,8 @@ def test_each_busy_count_s_share_of_a_core_is_fitted_through_prefills_that_span_
     luck = np.where(np.arange(40) % 4 == 3, 0.5, 1.0)
     cpu_s = luck * (0.6 * at_two + 0.4 * at_three)
     time_at = np.stack([np.zeros(40), at_two, at_three], axis=1)  # nothing alone
-    rates = prefill_rates_by_busy(time_at, cpu_s)
+    rates, weights = prefill_rates_by_busy(time_at, cpu_s)
+    assert weights == pytest.approx(cpu_s)  # each rate's prefill, in order
     assert set(rates) == {2, 3}
     for count, share in ((2, 0.6), (3, 0.4)):
         assert len(rates[count]) == 40
@@ -187,3 +188,36 @@ def test_each_busy_count_s_share_of_a_core_is_fitted_through_prefills_that_span_
     counts = (2 * at_two + 3 * at_three) / (at_two + at_three)
     filed = rates_by_busy(counts, at_two + at_three, cpu_s, 3)
     assert np.median(filed[3]) > 0.42
+
+
+def test_prefill_rates_are_drawn_as_the_work_had_them_long_prefills_less_lucky() -> None:
+    """Pairs of prefill agents on a one-core host, a decode agent idle: short prefills (20
+    ms of CPU) got 0.9 of a core in their pair, long ones (200 ms) 0.4, ten short for every
+    long. Drawn evenly over the prefills, the twin (which draws a prefill's luck whatever
+    its length) would run the long ones, which carry most of the work, at mostly the short
+    ones' luck; the live profile's quantiles weight each prefill by its CPU seconds, so the
+    prefills' work runs at the share of a core it had live: 1 / E[1 / rate] over the
+    drawn quantiles is the window's CPU over its wall time."""
+    prefill: list[PrefillSample] = []
+    now_s = 0.0
+    for n in range(66):
+        cpu_s, share = (0.2, 0.4) if n % 11 == 10 else (0.02, 0.9)
+        now_s += cpu_s / share
+        prefill += [PrefillSample(now_s, 100 + n, 0, cpu_s / share, cpu_s=cpu_s)] * 2
+        now_s += 0.05
+    share = host_share(prefill, [], num_agents=3, min_prefill_points=20)
+    assert share is not None and set(share.prefill_rates) == {2}
+    calibrator = Calibrator(COST)
+    calibrator.add_prefill(prefill)
+    quantiles = live_profile(calibrator, _joins("127.0.0.1", "127.0.0.1"))["spread"]
+    draws = np.interp(
+        np.linspace(0, 1, 100_001), np.linspace(0, 1, 41), quantiles["prefill_rate_2"]
+    )
+    cpu = sum(s.cpu_s or 0.0 for s in prefill)
+    wall = sum(s.seconds for s in prefill)
+    # The window's prefill work got 0.55 of a core (per eleven prefills, 0.2 s of CPU in
+    # 0.22 s at 0.9 and 0.2 s in 0.5 s at 0.4); drawn evenly over the prefills, 0.81.
+    assert cpu / wall == pytest.approx(0.554, abs=0.001)
+    assert 1.0 / np.mean(1.0 / draws) == pytest.approx(cpu / wall, rel=0.03)
+    evenly = np.asarray(share.prefill_rates[2])
+    assert 1.0 / np.mean(1.0 / evenly) == pytest.approx(0.81, abs=0.01)
