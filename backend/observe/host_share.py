@@ -236,7 +236,7 @@ def prefill_rates_by_busy(
     80-160 ms 0.50). The twin draws a prefill's luck whatever its length, so drawn evenly
     over the prefills, the long ones that carry most of the work run at the short ones'
     luck: its prefill work went 8-13 % faster than live's in the same windows (2-CPU host,
-    speeds 8 and 12), and its admission refused 21-35 % fewer requests. Weighted by each
+    speeds 8 and 12), and its admission refused 19-32 % fewer requests. Weighted by each
     prefill's CPU seconds, the draw gives the work the luck the work had (`live_profile`
     takes weighted quantiles): within 4 % of live's, 5-11 % fewer refusals."""
     if len(cpu_s) == 0:
