@@ -118,7 +118,9 @@ class MeasuredSpread(WrappedTiming):
         """One prefill's share of a core by busy agents, as `decode_share` reads it, at one
         quantile drawn for the whole prefill (a prefill keeps its luck with the scheduler:
         live's short ones got a core at once or waited, 1.2x to 4.3x their CPU time at one
-        count); None when none was measured."""
+        count), whatever its length: the live profile's quantiles weight each prefill by its
+        CPU seconds, so the work gets the luck live's work had
+        (backend/observe/host_share.py: prefill_rates_by_busy); None when none was measured."""
         measured = self._prefill_rates
         if not measured:
             return None
