@@ -16,6 +16,8 @@ taken alone (backend/observe/host_share.py) and the profile says in `host` how m
 the agents shared; the twin slows them again by how many of its agents compute at once,
 decode steps and prefills at a share of a core drawn from what the window's steps and
 prefills got at as many busy agents (`spread.decode_rate_N`, `spread.prefill_rate_N`).
+Where that host is the Conductor's, `host.background` says what the other processes took
+(cores, and CPU seconds per request), which the twin lets grow and shrink with its load.
 """
 
 from collections.abc import Callable, Mapping, Sequence
@@ -24,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from backend.observe.host_share import HostShare, host_share
+from backend.observe.host_share import HostShare, background, host_share
 from backend.policy.calibration import Calibrator, DecodeStepSample, PrefillSample
 from backend.policy.cost_model import (
     PROFILE_FORMAT,
@@ -126,7 +128,34 @@ def live_profile(
             "decode_cores": share.decode_cores,
             "mean_busy_agents": round(share.mean_busy_agents, 3),
         }
+        if (rest := _background(calibrator, agents)) is not None:
+            profile["host"]["background"] = rest
     return profile
+
+
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "[::1]", "::1"})
+
+
+def _background(calibrator: Calibrator, agents: Sequence[Join]) -> dict[str, float] | None:
+    """What the host's other processes took from the agents (`host_share.background`), when
+    the agents run on the Conductor's own host (loopback addresses): the host the Conductor
+    reads its CPU counters from."""
+    hosts = {join.control_address.rpartition(":")[0] for join in agents}
+    if not hosts or not hosts <= LOOPBACK_HOSTS:
+        return None
+    rest = background(
+        list(calibrator.prefill),
+        list(calibrator.decode),
+        list(calibrator.host),
+        [s.time_s for s in calibrator.serving],
+    )
+    if rest is None:
+        return None
+    return {
+        "num_cpus": rest.num_cpus,
+        "cores": rest.cores,
+        "cpu_s_per_request": rest.cpu_s_per_request,
+    }
 
 
 def _measured_link(
