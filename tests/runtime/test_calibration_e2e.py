@@ -3,8 +3,8 @@ check set by PUT /v1/config reaches the decode agent, calibration converges on w
 agents measure and survives a restart, and GET /v1/calibration says when it has too few
 points."""
 
-import socket
 import os
+import socket
 import time
 
 import httpx
