@@ -145,7 +145,7 @@ class DecodeInstance:
         if host is not None:
             # slowed while the host is crowded: by the share of a core the live steps got
             # at as many busy agents, else by processor sharing
-            self.step_s /= host.rate("decode", self._share)
+            self.step_s /= host.rate("decode", self._share, self._solo_step_s)
         if self.jobs and self._on_steps is not None:
             self._stretch = (len(self.jobs), self.context_tokens, self.step_s)
         if self.jobs:

@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 import simpy
 
-from backend.observe.host_share import Background
+from backend.observe.host_share import Background, DecodeLength
 
 Role = Literal["prefill", "decode"]
 # The background follows the admissions of about the last this many seconds.
@@ -42,6 +42,9 @@ class HostCores:
     # What the host's other processes took in the measured window (a live profile read on
     # the Conductor's own host); None: the shares as measured, whatever the load.
     background: Background | None = None
+    # How a decode step's measured share falls with its length (its measured shares are
+    # then as at the reference length); None: whatever its length.
+    decode_length: DecodeLength | None = None
 
     def __post_init__(self) -> None:
         for role in ("prefill", "decode"):
@@ -65,13 +68,18 @@ class SharedHost:
         self._admissions_per_s = rest.cores / self._per_request_s if self._per_request_s else 0.0
         self._admissions_at_s = env.now
 
-    def rate(self, role: Role, share: Callable[[int], float] | None = None) -> float:
+    def rate(
+        self, role: Role, share: Callable[[int], float] | None = None, solo_s: float = 0.0
+    ) -> float:
         """How fast each busy instance of `role` progresses (1 alone; less when crowded):
-        at `share(busy agents)` of a core where given (measured), else processor sharing's,
-        scaled by the background's change since the measured window."""
+        at `share(busy agents)` of a core where given (measured; a decode step's scaled by
+        its length `solo_s` where the profile measured how its share falls with it), else
+        processor sharing's; then by the background's change since the measured window."""
         num_busy = self.num_busy
         if share is not None:
             rate = share(num_busy)
+            if role == "decode" and self.cores.decode_length is not None:
+                rate = min(1.0, rate * self.cores.decode_length.factor(solo_s))
         else:
             cores = self.cores.prefill if role == "prefill" else self.cores.decode
             rate = min(1.0, cores / num_busy) if num_busy else 1.0

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from backend.observe.host_share import Background
+from backend.observe.host_share import Background, DecodeLength
 from backend.policy.cost_model import ServingFit
 from twin.host import HostCores
 from twin.profile_fields import (
@@ -214,6 +214,20 @@ def _host_cores(data: Mapping[str, Any]) -> HostCores | None:
         prefill=number(section, "prefill_cores", "host.") if "prefill_cores" in section else cores,
         decode=number(section, "decode_cores", "host.") if "decode_cores" in section else cores,
         background=_background(section.get("background")),
+        decode_length=_decode_length(section.get("decode_length")),
+    )
+
+
+def _decode_length(section: Any) -> DecodeLength | None:
+    """`host.decode_length`: how a decode step's measured share falls with its length."""
+    if section is None:
+        return None
+    if not isinstance(section, Mapping):
+        raise ValueError("'host.decode_length' must be a JSON object")
+    where = "host.decode_length."
+    return DecodeLength(
+        reference_s=number(section, "reference_s", where),
+        exponent=number(section, "exponent", where, allow_zero=True),
     )
 
 

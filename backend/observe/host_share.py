@@ -68,6 +68,23 @@ class HostShare:
     # The CPU seconds of the prefill behind each of those rates (the same order at every
     # count): how much of the prefills' work ran at that luck (see `prefill_rates_by_busy`).
     prefill_rate_weights: tuple[float, ...] = ()
+    # How a decode step's share falls with its length; `decode_rates` are then each step's
+    # share as at the reference length (see `decode_length_share`). None: as measured.
+    decode_length: "DecodeLength | None" = None
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeLength:
+    """A decode step of `solo_s` CPU seconds gets (solo_s / reference_s) ** -exponent
+    times the share a step of `reference_s` gets at the same busy count."""
+
+    reference_s: float
+    exponent: float
+
+    def factor(self, solo_s: float) -> float:
+        if not (solo_s > 0 and self.exponent):
+            return 1.0
+        return (solo_s / self.reference_s) ** -self.exponent
 
 
 def _intervals(samples: Sequence[PrefillSample | DecodeStepSample]) -> np.ndarray:
@@ -157,7 +174,12 @@ def host_share(
         decode_cores = _cores_of_work(busy, solo, ~is_prefill, num_agents) if decode else cores
         is_decode = ~is_prefill
         counts = busy.mean_counts()
-        rates = rates_by_busy(counts[is_decode], seconds[is_decode], solo[is_decode], num_agents)
+        decode_length = decode_length_share(
+            counts[is_decode], seconds[is_decode], solo[is_decode], num_agents
+        )
+        rates = rates_by_busy(
+            counts[is_decode], seconds[is_decode], solo[is_decode], num_agents, decode_length
+        )
         prefill_rates, prefill_rate_weights = prefill_rates_by_busy(
             busy.time_at_counts(num_agents)[is_prefill], solo[is_prefill]
         )
@@ -165,7 +187,7 @@ def host_share(
         cores = _cores_of_spread(prefill, busy, num_agents)
         prefill_cores = decode_cores = cores
         solo = busy.solo_s(cores)
-        rates, prefill_rates, prefill_rate_weights = {}, {}, ()
+        rates, prefill_rates, prefill_rate_weights, decode_length = {}, {}, (), None
     return HostShare(
         prefill_cores=round(prefill_cores, 2),
         decode_cores=round(decode_cores, 2),
@@ -180,11 +202,16 @@ def host_share(
         decode_rates=rates,
         prefill_rates=prefill_rates,
         prefill_rate_weights=prefill_rate_weights,
+        decode_length=decode_length,
     )
 
 
 def rates_by_busy(
-    busy_agents: np.ndarray, seconds: np.ndarray, cpu_s: np.ndarray, num_agents: int
+    busy_agents: np.ndarray,
+    seconds: np.ndarray,
+    cpu_s: np.ndarray,
+    num_agents: int,
+    length: DecodeLength | None = None,
 ) -> dict[int, tuple[float, ...]]:
     """Each computation's CPU time over its wall time (the share of a core it got), by the
     number of agents computing during it (its interval's mean count, rounded, itself
@@ -200,13 +227,58 @@ def rates_by_busy(
     queues), and so its admission, err with that scatter (prefills are filed by
     `prefill_rates_by_busy`, being long beside the count's changes). The twin draws from
     the quantiles at its own busy count (twin/spread.py): one place in the spread per
-    stretch of constant decode batch, one per prefill."""
+    stretch of constant decode batch, one per prefill. With `length`, each step's share is
+    given as at the reference length (its share over `length.factor` of its CPU seconds),
+    and the twin scales it back by its own step's length."""
     rates: dict[int, list[float]] = {}
     for count, wall_s, cpu in zip(busy_agents, seconds, cpu_s, strict=True):
         if wall_s > 0:
             key = int(min(max(round(float(count)), 1), num_agents))
-            rates.setdefault(key, []).append(min(1.0, float(cpu) / float(wall_s)))
+            rate = min(1.0, float(cpu) / float(wall_s))
+            if length is not None:
+                rate /= length.factor(float(cpu))
+            rates.setdefault(key, []).append(rate)
     return {key: tuple(values) for key, values in sorted(rates.items())}
+
+
+MIN_LENGTH_STEPS = 50
+MIN_LENGTH_RATIO = 2.0  # the longest steps' CPU over the shortest's (p90 over p10)
+MAX_LENGTH_EXPONENT = 1.0
+
+
+def decode_length_share(
+    busy_agents: np.ndarray, seconds: np.ndarray, cpu_s: np.ndarray, num_agents: int
+) -> DecodeLength | None:
+    """How a decode step's share of a core falls with its length: log(share) = c_n -
+    exponent * log(CPU seconds), a least-squares fit through every step with an intercept
+    of its own at each busy count n (its interval's mean count, rounded). None with too
+    few steps or lengths too alike to tell; the exponent between 0 and MAX_LENGTH_EXPONENT.
+
+    The scheduler runs a waking decode loop at once, so a short step often ends before it
+    is preempted, while a long one shares the cores with the prefills beside it. On a 2-CPU
+    host at three busy agents (speeds 8 and 10), steps of 3-5 ms of CPU got 0.80-0.85 of a
+    core, 12-20 ms 0.61-0.67 and 20-30 ms 0.58-0.65; the window's long steps are the large
+    batches a crowded decode builds, and a twin drawing every step's share from one spread,
+    which the many short steps fill, ran them a third too fast: TBT p50 half of live's at
+    speed 10. Reference: the steps' median CPU seconds."""
+    valid = (seconds > 0) & (cpu_s > 0)
+    if int(valid.sum()) < MIN_LENGTH_STEPS:
+        return None
+    cpu = cpu_s[valid]
+    if np.quantile(cpu, 0.9) < MIN_LENGTH_RATIO * np.quantile(cpu, 0.1):
+        return None
+    counts = np.clip(np.round(busy_agents[valid]), 1, num_agents)
+    x = np.log(cpu)
+    y = np.log(np.minimum(1.0, cpu / seconds[valid]))
+    for count in np.unique(counts):  # an intercept of each count's own
+        at = counts == count
+        x[at] -= x[at].mean()
+        y[at] -= y[at].mean()
+    spread = float(np.sum(x * x))
+    if not spread > 0:
+        return None
+    exponent = float(np.clip(-np.sum(x * y) / spread, 0.0, MAX_LENGTH_EXPONENT))
+    return DecodeLength(reference_s=float(np.median(cpu)), exponent=round(exponent, 4))
 
 
 def prefill_rates_by_busy(

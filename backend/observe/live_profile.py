@@ -16,7 +16,9 @@ taken alone (backend/observe/host_share.py) and the profile says in `host` how m
 the agents shared; the twin slows them again by how many of its agents compute at once,
 decode steps and prefills at a share of a core drawn from what the window's steps and
 prefills got at as many busy agents (`spread.decode_rate_N`, `spread.prefill_rate_N`).
-Where that host is the Conductor's, `host.background` says what the other processes took
+A decode step's share falls with its length (`host.decode_length`: its `decode_rate_N`
+are then the shares as at the reference length). Where that host is the Conductor's,
+`host.background` says what the other processes took
 (cores, and CPU seconds per request), which the twin lets grow and shrink with its load.
 """
 
@@ -128,6 +130,11 @@ def live_profile(
             "decode_cores": share.decode_cores,
             "mean_busy_agents": round(share.mean_busy_agents, 3),
         }
+        if share.decode_length is not None:
+            profile["host"]["decode_length"] = {
+                "reference_s": share.decode_length.reference_s,
+                "exponent": share.decode_length.exponent,
+            }
         if (rest := _background(calibrator, agents)) is not None:
             profile["host"]["background"] = rest
     return profile

@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 
 from backend.observe.host_share import (
+    DecodeLength,
     background,
+    decode_length_share,
     host_share,
     prefill_rates_by_busy,
     rates_by_busy,
@@ -137,6 +139,15 @@ def test_the_twin_reads_each_roles_cores_from_a_live_profile(tmp_path) -> None:
     path.write_text(json.dumps(profile))
     cores = profile["host"]["cores"]
     assert load_timing(str(path)).host_cores == HostCores(prefill=cores, decode=cores)
+    # How a decode step's share falls with its length, where the window measured it.
+    profile["host"]["decode_length"] = {"reference_s": 0.005, "exponent": 0.15}
+    path.write_text(json.dumps(profile))
+    timing = load_timing(str(path))
+    assert timing.host_cores.decode_length == DecodeLength(reference_s=0.005, exponent=0.15)
+    profile["host"]["decode_length"]["reference_s"] = 0
+    path.write_text(json.dumps(profile))
+    with pytest.raises(ValueError, match=r"host\.decode_length\.reference_s"):
+        load_timing(str(path))
 
 
 def test_decode_steps_and_prefills_rates_are_kept_by_how_many_agents_computed() -> None:
@@ -303,3 +314,25 @@ def test_a_live_profile_on_the_conductors_host_carries_its_background(tmp_path) 
         load_timing(str(path))
     # Agents on another host than the Conductor: its counters say nothing of theirs.
     assert "background" not in live_profile(window, _joins("10.0.0.1", "10.0.0.1"))["host"]
+
+
+def test_a_decode_steps_share_falls_with_its_length_and_the_twin_scales_it_back() -> None:
+    # At two and three busy agents, steps of 2-40 ms of CPU got 0.9 and 0.8 of a core at 5
+    # ms, falling as the length to the power -0.2 (the scheduler runs a short one at once).
+    rng = np.random.default_rng(1)
+    cpu = np.exp(rng.uniform(np.log(0.002), np.log(0.04), 400))
+    counts = np.where(np.arange(400) % 2, 2.0, 3.0)
+    base = np.where(counts == 2, 0.9, 0.8)
+    share = np.minimum(1.0, base * (cpu / 0.005) ** -0.2 * rng.uniform(0.95, 1.05, 400))
+    length = decode_length_share(counts, cpu / share, cpu, num_agents=3)
+    assert length is not None
+    assert length.exponent == pytest.approx(0.2, abs=0.03)
+    assert length.factor(length.reference_s) == 1.0
+    # The rates are given as at the reference length: a long step's back to its own share.
+    rates = rates_by_busy(counts, cpu / share, cpu, 3, length)
+    longest = int(np.argmax(cpu[counts == 3]))
+    scaled = rates[3][longest] * length.factor(float(cpu[counts == 3][longest]))
+    assert scaled == pytest.approx(share[counts == 3][longest])
+    # Lengths too alike to tell: no dependence fitted.
+    alike = np.full(400, 0.005)
+    assert decode_length_share(counts, alike / share, alike, num_agents=3) is None

@@ -3,7 +3,7 @@
 import pytest
 import simpy
 
-from backend.observe.host_share import Background
+from backend.observe.host_share import Background, DecodeLength
 from twin.decode import DecodeInstance, DecodeJob
 from twin.host import HostCores, SharedHost
 from twin.timing import load_timing
@@ -153,3 +153,16 @@ def test_one_busy_agent_keeps_its_core_whatever_the_background() -> None:
     assert host.rate("prefill") == 1.0
     host.enter()
     assert host.rate("prefill") < 1.0
+
+
+def test_a_long_decode_step_gets_less_of_a_core_where_the_profile_measured_it() -> None:
+    env = simpy.Environment()
+    length = DecodeLength(reference_s=0.005, exponent=0.2)
+    host = SharedHost(env, HostCores(1.5, 1.5, decode_length=length))
+    host.enter()
+    host.enter()
+    measured = lambda num_busy: 0.8  # noqa: E731 (as at the reference length)
+    assert host.rate("decode", measured, 0.005) == pytest.approx(0.8)
+    assert host.rate("decode", measured, 0.040) == pytest.approx(0.8 * 8**-0.2)
+    assert host.rate("decode", measured, 0.0001) == 1.0  # at most a whole core
+    assert host.rate("prefill", measured, 0.040) == pytest.approx(0.8)  # decode steps only
