@@ -173,8 +173,6 @@ class TwinCluster(EffectHandler):
 
     # -- the effects (EffectHandler) ------------------------------------------------------
     def on_dispatch_prefill(self, effect: DispatchPrefill, *, replicate: bool) -> None:
-        if self.host is not None:
-            self.host.admitted()
         self._dispatch_prefill(effect, replicate)
 
     def on_replicate(self, effect: Replicate) -> None:

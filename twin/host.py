@@ -17,20 +17,15 @@ change of the count wakes the prefills in progress (they recompute when they wil
 and tells the decode instances, which re-time their current step.
 """
 
-import math
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import simpy
 
-from backend.observe.host_share import Background, DecodeLength
+from backend.observe.host_share import DecodeLength
 
 Role = Literal["prefill", "decode"]
-# The background follows the admissions of about the last this many seconds.
-BACKGROUND_MEMORY_S = 2.0
-# What the agents keep of the host however busy the rest is (a guard, never reached live).
-MIN_AGENT_CORES = 0.1
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,9 +34,6 @@ class HostCores:
 
     prefill: float
     decode: float
-    # What the host's other processes took in the measured window (a live profile read on
-    # the Conductor's own host); None: the shares as measured, whatever the load.
-    background: Background | None = None
     # How a decode step's measured share falls with its length (its measured shares are
     # then as at the reference length); None: whatever its length.
     decode_length: DecodeLength | None = None
@@ -61,12 +53,6 @@ class SharedHost:
         self.num_busy = 0
         self._changed = env.event()
         self._listeners: dict[object, Callable[[], None]] = {}
-        # Admissions per second (decaying over BACKGROUND_MEMORY_S), from the window's own
-        # rate: what the background grows with.
-        rest = cores.background
-        self._per_request_s = rest.cpu_s_per_request if rest is not None else 0.0
-        self._admissions_per_s = rest.cores / self._per_request_s if self._per_request_s else 0.0
-        self._admissions_at_s = env.now
 
     def rate(
         self, role: Role, share: Callable[[int], float] | None = None, solo_s: float = 0.0
@@ -74,49 +60,15 @@ class SharedHost:
         """How fast each busy instance of `role` progresses (1 alone; less when crowded):
         at `share(busy agents)` of a core where given (measured; a decode step's scaled by
         its length `solo_s` where the profile measured how its share falls with it), else
-        processor sharing's; then by the background's change since the measured window."""
+        processor sharing's."""
         num_busy = self.num_busy
-        if share is not None:
-            rate = share(num_busy)
-            if role == "decode" and self.cores.decode_length is not None:
-                rate = min(1.0, rate * self.cores.decode_length.factor(solo_s))
-        else:
+        if share is None:
             cores = self.cores.prefill if role == "prefill" else self.cores.decode
-            rate = min(1.0, cores / num_busy) if num_busy else 1.0
-        return rate * self._background_factor()
-
-    def admitted(self) -> None:
-        """A request was admitted: the work it brings the host's other processes (the
-        Conductor's, its client's, its tokens' streaming) joins the background."""
-        if not self._per_request_s:
-            return
-        self._admissions_per_s = self._decayed_admissions_per_s() + 1.0 / BACKGROUND_MEMORY_S
-        self._admissions_at_s = self.env.now
-        self._notify(None)
-
-    def background_cores(self) -> float:
-        """The cores the host's other processes take now."""
-        return self._per_request_s * self._decayed_admissions_per_s()
-
-    def _decayed_admissions_per_s(self) -> float:
-        elapsed_s = self.env.now - self._admissions_at_s
-        return self._admissions_per_s * math.exp(-elapsed_s / BACKGROUND_MEMORY_S)
-
-    def _background_factor(self) -> float:
-        """The busy agents' share of the host under today's background over their share
-        under the measured window's, which the measured rates carry: while n agents compute
-        on c CPUs beside a background of b cores, each gets min(1, (c - b) / n). On a 2-CPU
-        host with three busy agents, 0.32 cores of background where the window had 0.25
-        gives 0.96: the window's second half at speed 8 (see host_share.background)."""
-        rest = self.cores.background
-        if rest is None or not self._per_request_s or not self.num_busy:
-            return 1.0
-
-        def agents_share(background_cores: float) -> float:
-            free = max(rest.num_cpus - background_cores, MIN_AGENT_CORES)
-            return min(1.0, free / self.num_busy)
-
-        return agents_share(self.background_cores()) / agents_share(rest.cores)
+            return min(1.0, cores / num_busy) if num_busy else 1.0
+        rate = share(num_busy)
+        if role == "decode" and self.cores.decode_length is not None:
+            rate = min(1.0, rate * self.cores.decode_length.factor(solo_s))
+        return rate
 
     def listen(self, owner: object, callback: Callable[[], None]) -> None:
         """Call `callback` after every change of the count that `owner` did not make itself

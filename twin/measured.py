@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from backend.observe.host_share import Background, DecodeLength
+from backend.observe.host_share import DecodeLength
 from backend.policy.cost_model import ServingFit
 from twin.host import HostCores
 from twin.profile_fields import (
@@ -213,7 +213,6 @@ def _host_cores(data: Mapping[str, Any]) -> HostCores | None:
     return HostCores(
         prefill=number(section, "prefill_cores", "host.") if "prefill_cores" in section else cores,
         decode=number(section, "decode_cores", "host.") if "decode_cores" in section else cores,
-        background=_background(section.get("background")),
         decode_length=_decode_length(section.get("decode_length")),
     )
 
@@ -228,20 +227,6 @@ def _decode_length(section: Any) -> DecodeLength | None:
     return DecodeLength(
         reference_s=number(section, "reference_s", where),
         exponent=number(section, "exponent", where, allow_zero=True),
-    )
-
-
-def _background(section: Any) -> Background | None:
-    """`host.background`: what the host's other processes took in the measured window."""
-    if section is None:
-        return None
-    if not isinstance(section, Mapping):
-        raise ValueError("'host.background' must be a JSON object")
-    where = "host.background."
-    return Background(
-        num_cpus=integer(section, "num_cpus", where),
-        cores=number(section, "cores", where, allow_zero=True),
-        cpu_s_per_request=number(section, "cpu_s_per_request", where, allow_zero=True),
     )
 
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from backend.policy.calibration import DecodeStepSample, HostCpuSample, PrefillSample
+from backend.policy.calibration import DecodeStepSample, PrefillSample
 from backend.policy.cost_model import fit_prefill, prefill_columns
 
 CORES_STEP = 0.05
@@ -386,100 +386,3 @@ def _log_residual_spread(inputs: np.ndarray, cached: np.ndarray, seconds: np.nda
         return np.inf
     logs = np.log(seconds[valid] / central[valid])
     return float(np.mean(np.abs(logs - np.median(logs))))
-
-
-# Background: what the host's other processes took from the agents.
-MIN_BACKGROUND_REQUESTS = 20
-MIN_BACKGROUND_SPAN_S = 2.0
-# An agent's computations reach the Conductor with its next heartbeat: the newest second
-# or so of the window is not yet complete.
-REPORT_LAG_S = 1.5
-# The stretches between readings of the host's counters the background is measured over.
-BACKGROUND_BIN_S = 1.0
-
-
-@dataclass(frozen=True, slots=True)
-class Background:
-    """The CPU the host's processes other than the agents' computations took in the window
-    (the Conductor, the clients, the agents' serving threads): `cores` on average, and
-    `cpu_s_per_request` for each request the window completed."""
-
-    num_cpus: int
-    cores: float
-    cpu_s_per_request: float
-
-
-def background(
-    prefill: Sequence[PrefillSample],
-    decode: Sequence[DecodeStepSample],
-    host: Sequence[HostCpuSample],
-    request_ends_s: Sequence[float],
-) -> Background | None:
-    """The window's background (see `Background`): per stretch of about BACKGROUND_BIN_S
-    between two readings of the host's counters, its busy CPU less the agents' measured CPU
-    (each computation's `cpu_s` by the part of it that lies in the stretch), over the
-    requests that ended in it; the CPU seconds per request are the median of those ratios,
-    each stretch weighted by its requests, and `cores` what that gives at the window's
-    rate. None without CPU clocks on (nearly) every computation, or when the span where
-    every kind was measured is too short or holds too few requests.
-
-    It grows with the load: on a 2-CPU host at speed 8 the Conductor spent 7-9.5 ms of CPU
-    on each arriving request and the replay client 0.35-0.52 ms on each streamed token, so
-    the window's second half (28 arrivals a second where the warm-up had 20.5) lost 0.30-0.33
-    cores to them instead of 0.23-0.27, and its prefills ran 3-5 % slower than the warm-up's
-    shares say. The shares the twin draws carry the warm-up's background; the twin scales
-    them by the background its own admissions make (twin/host.py). The median keeps out
-    what does not grow with the requests: a starting replay client took a whole core for a
-    second while few requests ended (a stretch of 100 ms per request where the others held
-    18-23 ms)."""
-    samples = [*prefill, *decode]
-    if not host or not prefill or not decode:
-        return None
-    cpu = [s.cpu_s for s in samples]
-    if sum(c is not None for c in cpu) < MIN_CPU_MEASURED_SHARE * len(samples):
-        return None
-    # Every kind is in the window from the later of their oldest samples (each is a
-    # bounded deque) to the newest complete report.
-    first_s = max(min(s.time_s for s in prefill), min(s.time_s for s in decode))
-    last_s = max(s.time_s for s in samples) - REPORT_LAG_S
-    readings = sorted((h for h in host if first_s <= h.time_s <= last_s), key=lambda h: h.time_s)
-    if len(readings) < 2:
-        return None
-    span_s = readings[-1].time_s - readings[0].time_s
-    ends_s = np.sort(np.asarray(request_ends_s, dtype=float))
-    num_requests = int(np.sum((ends_s > readings[0].time_s) & (ends_s <= readings[-1].time_s)))
-    if span_s < MIN_BACKGROUND_SPAN_S or num_requests < MIN_BACKGROUND_REQUESTS:
-        return None
-    starts = np.array([s.time_s - max(s.seconds, 0.0) for s in samples])
-    ends = np.array([s.time_s for s in samples])
-    cpu_s = np.array([c if c is not None else 0.0 for c in cpu])
-    ratios, weights = [], []
-    bin_start = readings[0]
-    for reading in readings[1:]:
-        if reading.time_s - bin_start.time_s < BACKGROUND_BIN_S and reading is not readings[-1]:
-            continue
-        begin_s, end_s = bin_start.time_s, reading.time_s
-        inside = np.clip(np.minimum(ends, end_s) - np.maximum(starts, begin_s), 0.0, None)
-        lengths = ends - starts
-        part = np.where(
-            lengths > 0, inside / np.maximum(lengths, 1e-12), (ends > begin_s) & (ends <= end_s)
-        )
-        agents_cpu_s = float(np.sum(cpu_s * part))
-        requests = int(np.sum((ends_s > begin_s) & (ends_s <= end_s)))
-        if requests:
-            other_cpu_s = max(0.0, reading.busy_cpu_s - bin_start.busy_cpu_s - agents_cpu_s)
-            ratios.append(other_cpu_s / requests)
-            weights.append(requests)
-        bin_start = reading
-    per_request_s = _weighted_median(ratios, weights)
-    return Background(
-        num_cpus=readings[-1].num_cpus,
-        cores=round(per_request_s * num_requests / span_s, 4),
-        cpu_s_per_request=round(per_request_s, 6),
-    )
-
-
-def _weighted_median(values: Sequence[float], weights: Sequence[float]) -> float:
-    order = np.argsort(values)
-    cumulative = np.cumsum(np.asarray(weights, dtype=float)[order])
-    return float(np.asarray(values)[order][np.searchsorted(cumulative, cumulative[-1] / 2)])

@@ -17,9 +17,7 @@ the agents shared; the twin slows them again by how many of its agents compute a
 decode steps and prefills at a share of a core drawn from what the window's steps and
 prefills got at as many busy agents (`spread.decode_rate_N`, `spread.prefill_rate_N`).
 A decode step's share falls with its length (`host.decode_length`: its `decode_rate_N`
-are then the shares as at the reference length). Where that host is the Conductor's,
-`host.background` says what the other processes took
-(cores, and CPU seconds per request), which the twin lets grow and shrink with its load.
+are then the shares as at the reference length).
 """
 
 from collections.abc import Callable, Mapping, Sequence
@@ -28,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from backend.observe.host_share import HostShare, background, host_share
+from backend.observe.host_share import HostShare, host_share
 from backend.policy.calibration import Calibrator, DecodeStepSample, PrefillSample
 from backend.policy.cost_model import (
     PROFILE_FORMAT,
@@ -135,34 +133,7 @@ def live_profile(
                 "reference_s": share.decode_length.reference_s,
                 "exponent": share.decode_length.exponent,
             }
-        if (rest := _background(calibrator, agents)) is not None:
-            profile["host"]["background"] = rest
     return profile
-
-
-LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "[::1]", "::1"})
-
-
-def _background(calibrator: Calibrator, agents: Sequence[Join]) -> dict[str, float] | None:
-    """What the host's other processes took from the agents (`host_share.background`), when
-    the agents run on the Conductor's own host (loopback addresses): the host the Conductor
-    reads its CPU counters from."""
-    hosts = {join.control_address.rpartition(":")[0] for join in agents}
-    if not hosts or not hosts <= LOOPBACK_HOSTS:
-        return None
-    rest = background(
-        list(calibrator.prefill),
-        list(calibrator.decode),
-        list(calibrator.host),
-        [s.time_s for s in calibrator.serving],
-    )
-    if rest is None:
-        return None
-    return {
-        "num_cpus": rest.num_cpus,
-        "cores": rest.cores,
-        "cpu_s_per_request": rest.cpu_s_per_request,
-    }
 
 
 def _measured_link(

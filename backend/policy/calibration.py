@@ -72,19 +72,6 @@ class ServingSample:
 
 
 @dataclass(frozen=True, slots=True)
-class HostCpuSample:
-    """The Conductor's host as it read it at `time_s`: the CPU seconds its CPUs have spent
-    busy since boot (every process's, all CPUs together) and how many CPUs it has. Two
-    samples bound what the host's processes beyond the agents' computations took (the
-    Conductor, the clients, the agents' serving threads: backend/observe/host_share.py's
-    `background`)."""
-
-    time_s: float
-    busy_cpu_s: float
-    num_cpus: int
-
-
-@dataclass(frozen=True, slots=True)
 class CalibrationConfig:
     """When a refit may happen and how far it may move the model."""
 
@@ -126,7 +113,6 @@ class Calibrator:
         self.prefill: deque[PrefillSample] = deque(maxlen=config.max_samples)
         self.decode: deque[DecodeStepSample] = deque(maxlen=config.max_samples)
         self.serving: deque[ServingSample] = deque(maxlen=config.max_samples)
-        self.host: deque[HostCpuSample] = deque(maxlen=config.max_samples)
         self.last_refit_s = -math.inf
         self.num_refits = 0
         # The parts the last refit kept for too few points: each is due as soon as it has
@@ -143,9 +129,6 @@ class Calibrator:
 
     def add_serving(self, samples: Iterable[ServingSample]) -> None:
         self.serving.extend(samples)
-
-    def add_host(self, sample: HostCpuSample) -> None:
-        self.host.append(sample)
 
     def is_due(self, now_s: float) -> bool:
         """Whether to refit now: an interval after the last refit, or at once when a part
@@ -164,7 +147,7 @@ class Calibrator:
 
     def _trim(self, now_s: float) -> None:
         oldest_s = now_s - self.config.window_s
-        for window in (self.prefill, self.decode, self.serving, self.host):
+        for window in (self.prefill, self.decode, self.serving):
             if any(sample.time_s < oldest_s for sample in window):
                 kept = [sample for sample in window if sample.time_s >= oldest_s]
                 window.clear()
@@ -279,7 +262,6 @@ class Calibrator:
         copy.prefill.extend(self.prefill)
         copy.decode.extend(self.decode)
         copy.serving.extend(self.serving)
-        copy.host.extend(self.host)
         copy.last_refit_s, copy.num_refits = self.last_refit_s, self.num_refits
         copy.waiting = self.waiting
         copy.last_refit = self.last_refit
@@ -294,7 +276,6 @@ class Calibrator:
             "prefill": [asdict(s) for s in list(self.prefill)[-max_samples:]],
             "decode": [asdict(s) for s in list(self.decode)[-max_samples:]],
             "serving": [asdict(s) for s in list(self.serving)[-max_samples:]],
-            "host": [asdict(s) for s in list(self.host)[-max_samples:]],
         }
 
     def restore(self, state: Mapping[str, Any]) -> None:
@@ -304,7 +285,6 @@ class Calibrator:
             prefill = [PrefillSample(**s) for s in state.get("prefill", [])]
             decode = [DecodeStepSample(**s) for s in state.get("decode", [])]
             serving = [ServingSample(**s) for s in state.get("serving", [])]
-            host = [HostCpuSample(**s) for s in state.get("host", [])]
             num_refits = int(state.get("num_refits", 0))
         except (KeyError, TypeError) as error:
             raise ValueError(f"calibration state is malformed: {error}") from None
@@ -316,8 +296,6 @@ class Calibrator:
         self.decode.extend(decode)
         self.serving.clear()
         self.serving.extend(serving)
-        self.host.clear()
-        self.host.extend(host)
 
 
 def _too_few(kind: str, have: int, need: int) -> str:

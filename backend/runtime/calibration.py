@@ -4,44 +4,19 @@ Each heartbeat carries the prefills and decode steps its agent measured; they go
 `Calibrator`'s rolling window, on the Conductor's clock. When a refit is due and
 `calibrate` is on, the core believes the refitted cost model from the next event on, and
 the new state is exported as metrics and saved, so it survives a Conductor restart.
-
-Beside them it reads the host's busy CPU time at most every HOST_SAMPLE_INTERVAL_S (on a
-heartbeat): where the agents share the Conductor's host, what the host spent beyond their
-measured computations is the CPU the Conductor, the clients and the agents' serving threads
-took from them, which the live profile relates to the load (`host_share.background`).
 """
 
 import dataclasses
 import logging
-import os
-from collections.abc import Callable
 
-import psutil
 from sqlalchemy.orm import Session, sessionmaker
 
 from backend.db import calibration_store
-from backend.policy.calibration import Calibrator, HostCpuSample
+from backend.policy.calibration import Calibrator
 from backend.rpc.reports import Heartbeat
 from backend.runtime.state import AfterWork, RuntimeState
 
 logger = logging.getLogger(__name__)
-
-HOST_SAMPLE_INTERVAL_S = 0.5
-
-
-def read_host_cpu() -> tuple[float, int]:
-    """The host's busy CPU seconds since boot (all CPUs; idle, I/O wait and time stolen by
-    the hypervisor left out) and the CPUs this process may run on."""
-    times = psutil.cpu_times()
-    idle = times.idle + getattr(times, "iowait", 0.0) + getattr(times, "steal", 0.0)
-    busy = sum(times) - idle
-    # guest time is already counted in user time on Linux
-    busy -= getattr(times, "guest", 0.0) + getattr(times, "guest_nice", 0.0)
-    try:
-        num_cpus = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        num_cpus = os.cpu_count() or 1
-    return busy, num_cpus
 
 
 class CalibrationFeed:
@@ -54,14 +29,11 @@ class CalibrationFeed:
         *,
         calibrate: bool,
         session_factory: sessionmaker[Session] | None,
-        host_cpu: Callable[[], tuple[float, int]] | None = read_host_cpu,
     ) -> None:
         self._state = state
         self.calibrator = calibrator
         self.calibrate = calibrate
         self._sessions = session_factory
-        self._host_cpu = host_cpu
-        self._last_host_s = -float("inf")
 
     def on_heartbeat(self, heartbeat: Heartbeat, now_s: float, clock_offset_s: float) -> AfterWork:
         """Take the agent's measurements into the window; refit when due (lock held: the
@@ -77,10 +49,6 @@ class CalibrationFeed:
             dataclasses.replace(sample, time_s=min(now_s, sample.time_s + clock_offset_s))
             for sample in heartbeat.decode_steps
         )
-        if self._host_cpu is not None and now_s - self._last_host_s >= HOST_SAMPLE_INTERVAL_S:
-            self._last_host_s = now_s
-            busy_cpu_s, num_cpus = self._host_cpu()
-            calibrator.add_host(HostCpuSample(now_s, busy_cpu_s, num_cpus))
         if not (self.calibrate and calibrator.is_due(now_s)):
             return []
         core = self._state.core

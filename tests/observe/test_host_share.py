@@ -7,7 +7,6 @@ import pytest
 
 from backend.observe.host_share import (
     DecodeLength,
-    background,
     decode_length_share,
     host_share,
     prefill_rates_by_busy,
@@ -17,9 +16,7 @@ from backend.observe.live_profile import live_profile
 from backend.policy.calibration import (
     Calibrator,
     DecodeStepSample,
-    HostCpuSample,
     PrefillSample,
-    ServingSample,
 )
 from backend.policy.cost_model import CostModel, DecodeFit, LinkModel, PrefillFit
 from backend.rpc.reports import Join
@@ -243,77 +240,6 @@ def test_prefill_rates_are_drawn_as_the_work_had_them_long_prefills_less_lucky()
     assert 1.0 / np.mean(1.0 / draws) == pytest.approx(cpu / wall, rel=0.03)
     evenly = np.asarray(share.prefill_rates[2])
     assert 1.0 / np.mean(1.0 / evenly) == pytest.approx(0.81, abs=0.01)
-
-
-def _busy_window(with_cpu: bool = True, burst_cpu_s: float = 0.0) -> Calibrator:
-    """20 s on a 2-CPU host: prefills keeping 0.4 of a core busy, decode steps 0.8, and a
-    request ending every 50 ms, each costing the other processes 12.5 ms of CPU (0.25
-    cores); the host's counters read every half second. `burst_cpu_s`: a process that
-    does not serve requests takes that much CPU between 5 and 6 s."""
-    calibrator = Calibrator(COST)
-    calibrator.add_prefill(
-        PrefillSample(0.1 * n, 200, 0, 0.08, cpu_s=0.04 if with_cpu else None)
-        for n in range(1, 201)
-    )
-    calibrator.add_decode(
-        DecodeStepSample(0.01 * n, 4, 400, 0.01, cpu_s=0.008 if with_cpu else None)
-        for n in range(1, 2001)
-    )
-    calibrator.add_serving(ServingSample(0.05 * n, 0.001, 0.001) for n in range(1, 401))
-    for n in range(41):
-        burst = burst_cpu_s * min(1.0, max(0.0, 0.5 * n - 5.0))
-        busy_cpu_s = 1000.0 + 0.5 * n * (0.4 + 0.8 + 0.25) + burst
-        calibrator.add_host(HostCpuSample(0.5 * n, busy_cpu_s, 2))
-    return calibrator
-
-
-def test_the_background_is_what_the_host_spent_beyond_the_agents_measured_cpu() -> None:
-    window = _busy_window()
-    rest = background(
-        list(window.prefill),
-        list(window.decode),
-        list(window.host),
-        [s.time_s for s in window.serving],
-    )
-    assert rest is not None
-    assert rest.num_cpus == 2
-    assert rest.cores == pytest.approx(0.25, abs=0.01)
-    assert rest.cpu_s_per_request == pytest.approx(0.0125, rel=0.04)
-    # A second's burst that does not come with requests (a replay client starting) leaves
-    # the cost per request as it was: what the twin grows with its load.
-    burst = _busy_window(burst_cpu_s=1.0)
-    with_burst = background(
-        list(burst.prefill), list(burst.decode), list(burst.host), [s.time_s for s in burst.serving]
-    )
-    assert with_burst is not None
-    assert with_burst.cpu_s_per_request == pytest.approx(0.0125, rel=0.04)
-    # Without the agents' CPU clocks, or with too few requests, it is not measured.
-    unmeasured = _busy_window(with_cpu=False)
-    assert (
-        background(
-            list(unmeasured.prefill), list(unmeasured.decode), list(unmeasured.host), [1.0, 2.0]
-        )
-        is None
-    )
-    assert background(list(window.prefill), list(window.decode), list(window.host), [1.0]) is None
-
-
-def test_a_live_profile_on_the_conductors_host_carries_its_background(tmp_path) -> None:
-    window = _busy_window()
-    profile = live_profile(window, _joins("127.0.0.1", "127.0.0.1"))
-    rest = profile["host"]["background"]
-    assert rest["cores"] == pytest.approx(0.25, abs=0.01)
-    path = tmp_path / "live.json"
-    path.write_text(json.dumps(profile))
-    cores = load_timing(str(path)).host_cores
-    assert cores is not None and cores.background is not None
-    assert cores.background.cpu_s_per_request == rest["cpu_s_per_request"]
-    profile["host"]["background"]["num_cpus"] = 0
-    path.write_text(json.dumps(profile))
-    with pytest.raises(ValueError, match=r"host\.background\.num_cpus"):
-        load_timing(str(path))
-    # Agents on another host than the Conductor: its counters say nothing of theirs.
-    assert "background" not in live_profile(window, _joins("10.0.0.1", "10.0.0.1"))["host"]
 
 
 def test_a_decode_steps_share_falls_with_its_length_and_the_twin_scales_it_back() -> None:

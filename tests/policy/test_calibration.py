@@ -7,7 +7,6 @@ from backend.policy.calibration import (
     CalibrationConfig,
     Calibrator,
     DecodeStepSample,
-    HostCpuSample,
     PrefillSample,
     ServingSample,
 )
@@ -101,13 +100,11 @@ def test_its_state_survives_a_restart_and_bad_state_changes_nothing() -> None:
     prefill, decode = measured(100)
     calibrator.add_prefill(prefill)
     calibrator.add_decode(decode)
-    calibrator.add_host(HostCpuSample(0.5, 1234.5, 2))
     calibrator.refit(1.0)
     restarted = Calibrator(BASE, FREE)
     restarted.restore(calibrator.to_state())
     assert restarted.cost == calibrator.cost and restarted.num_refits == 1
     assert list(restarted.prefill) == list(calibrator.prefill)
-    assert list(restarted.host) == [HostCpuSample(0.5, 1234.5, 2)]
     with pytest.raises(ValueError, match="malformed"):
         restarted.restore({"cost": BASE.to_profile(), "prefill": [{"nope": 1}]})
     assert restarted.cost == calibrator.cost

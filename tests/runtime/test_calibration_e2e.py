@@ -3,7 +3,6 @@ check set by PUT /v1/config reaches the decode agent, calibration converges on w
 agents measure and survives a restart, and GET /v1/calibration says when it has too few
 points."""
 
-import os
 import socket
 import time
 
@@ -103,11 +102,6 @@ def test_calibration_converges_on_real_agents_and_survives_a_restart(tmp_path) -
         window = runtime.calibrator.snapshot()
         for sample in [*window.prefill, *window.decode]:
             assert sample.cpu_s is not None and 0 < sample.cpu_s <= sample.seconds, sample
-        # Beside them, the host's own busy CPU counter, read on heartbeats (the background
-        # the live profile measures): rising, on this host's CPUs.
-        host = list(window.host)
-        assert len(host) >= 2 and host[-1].busy_cpu_s > host[0].busy_cpu_s
-        assert {h.num_cpus for h in host} == {len(os.sched_getaffinity(0))}
     calibrated = runtime.core.cost  # as the stopped Conductor last saved it
     restarted = start_conductor(settings, profile=wrong)
     try:

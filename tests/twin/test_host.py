@@ -3,7 +3,7 @@
 import pytest
 import simpy
 
-from backend.observe.host_share import Background, DecodeLength
+from backend.observe.host_share import DecodeLength
 from twin.decode import DecodeInstance, DecodeJob
 from twin.host import HostCores, SharedHost
 from twin.timing import load_timing
@@ -100,59 +100,6 @@ def test_a_prefill_at_its_measured_share_keeps_its_place_as_the_count_changes() 
     # Both at 0.5 until the other's 0.25 s of work ends at 0.5 s; then 0.75 s left at 0.9.
     assert ends["other"] == pytest.approx(0.5)
     assert ends["measured"] == pytest.approx(0.5 + 0.75 / 0.9)
-
-
-def _two_prefills_end_s(background: Background | None, admissions_per_s: float) -> float:
-    """How long two 1 s prefills sharing a 2-CPU host take, started 10 s into admissions
-    at `admissions_per_s` (the host's background follows them)."""
-    env = simpy.Environment()
-    host = SharedHost(env, HostCores(2.0, 2.0, background=background))
-    ends = []
-
-    def admit():
-        while admissions_per_s:
-            host.admitted()
-            yield env.timeout(1.0 / admissions_per_s)
-
-    def prefill():
-        yield env.timeout(10.0)
-        yield from host.run(1.0, lambda num_busy: 0.875)  # as measured beside the window's
-        ends.append(env.now - 10.0)
-
-    env.process(admit())
-    for _ in range(2):
-        env.process(prefill())
-    env.run(until=50)
-    return max(ends)
-
-
-def test_the_background_grows_with_the_admissions_and_slows_the_agents() -> None:
-    # The window: 0.25 of the 2 CPUs went elsewhere at 20 requests a second (12.5 ms each),
-    # and two busy prefills got 0.875 of a core each.
-    window = Background(num_cpus=2, cores=0.25, cpu_s_per_request=0.0125)
-    measured_s = 1 / 0.875
-    # At the window's own rate the measured shares hold (the estimate starts there).
-    assert _two_prefills_end_s(window, 20.0) == pytest.approx(measured_s, rel=0.03)
-    # At 28 a second the rest takes 0.35 cores: each agent (2 - 0.35) / 2 of a core where
-    # the window gave (2 - 0.25) / 2: 6 % slower.
-    busier_s = _two_prefills_end_s(window, 28.0)
-    assert busier_s == pytest.approx(measured_s * 1.75 / 1.65, rel=0.01)
-    # Quieter: faster. Without a measured background: the shares as measured.
-    assert _two_prefills_end_s(window, 5.0) < measured_s * 0.98
-    assert _two_prefills_end_s(None, 28.0) == pytest.approx(measured_s)
-
-
-def test_one_busy_agent_keeps_its_core_whatever_the_background() -> None:
-    env = simpy.Environment()
-    window = Background(num_cpus=2, cores=0.25, cpu_s_per_request=0.0125)
-    host = SharedHost(env, HostCores(2.0, 2.0, background=window))
-    for _ in range(100):
-        host.admitted()  # 50 a second at once: 0.6+ cores of background
-    assert host.background_cores() > 0.6
-    host.enter()
-    assert host.rate("prefill") == 1.0
-    host.enter()
-    assert host.rate("prefill") < 1.0
 
 
 def test_a_long_decode_step_gets_less_of_a_core_where_the_profile_measured_it() -> None:
