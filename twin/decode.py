@@ -1,14 +1,16 @@
 """DecodeInstance: continuous batching at iteration level, simulated by skipping ahead.
 
-Every iteration of a batch takes the same step time until the batch changes, so instead of
-one event per step the instance advances a shared step counter over whole stretches and
-wakes only when a request joins or finishes. A request's tokens are the steps counted
-while it was in the batch; its TBT gaps are the step times of those stretches. Requests
-that find the instance's KV memory full wait for room (or are rejected by the local check
-when a rejection policy is on).
+Every iteration of a batch takes the same step time until the batch changes, so the
+instance advances a shared step counter over whole stretches and wakes when a request
+joins or finishes; on a shared host with measured shares of a core also at every step's
+end, where the next step draws its own (and its solo time at the batch's context then). A
+request's tokens are the steps counted while it was in the batch; its TBT gaps are the
+step times of those stretches. Requests that find the instance's KV memory full wait for
+room (or are rejected by the local check when a rejection policy is on).
 """
 
 import heapq
+import math
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -71,6 +73,7 @@ class DecodeInstance:
         self._sum_context_tokens = 0  # prompts of the batch
         self._sum_joined_steps = 0.0  # for the generated tokens of the batch
         self._timer_generation = 0
+        self._timer_target = 0.0  # the step count the pending timer lands on
         # One entry per stretch of constant batch: its step time and tokens produced.
         self.epoch_step_s: list[float] = [0.0]
         self.epoch_tokens: list[float] = [0.0]
@@ -136,9 +139,9 @@ class DecodeInstance:
                 host.leave(self)
         self._report_stretch()
         if redraw or self._solo_step_s is None:
-            # A new stretch of constant batch: its step's solo time (drawn from the measured
-            # spread) and its luck with the host's scheduler, both kept while only the
-            # host's count changes (see MeasuredSpread.decode_share).
+            # A new step or batch: its solo time (drawn from the measured spread) and its
+            # luck with the host's scheduler, both kept while only the host's count
+            # changes (see MeasuredSpread.decode_share).
             self._solo_step_s = self.timing.decode_step_s(len(self.jobs), self.context_tokens)
             self._share = self.timing.decode_share() if host is not None else None
         self.step_s = self._solo_step_s
@@ -157,7 +160,14 @@ class DecodeInstance:
         self._timer_generation += 1
         if not self._finish_heap:
             return
-        steps_left = max(0.0, self._finish_heap[0][0] - self._steps_done)
+        target = self._finish_heap[0][0]
+        if self._share is not None:
+            # Each step draws its own luck with the host's scheduler: the timer also lands
+            # where the next step starts, and the batch draws again there (see
+            # MeasuredSpread.decode_share).
+            target = min(target, math.floor(self._steps_done + _EPSILON_STEPS) + 1.0)
+        self._timer_target = target
+        steps_left = max(0.0, target - self._steps_done)
         timer = self.env.timeout(steps_left * self.step_s)
         generation = self._timer_generation
         timer.callbacks.append(lambda _event: self._on_timer(generation))
@@ -184,11 +194,11 @@ class DecodeInstance:
         self._advance()
         now_s = self.env.now
         heap = self._finish_heap
-        # The timer was set to land exactly on the head job's last step: snap the counter to
-        # it, so float error (large clocks, small steps) cannot leave it a hair short and
-        # spin on ever tinier timers.
-        if heap and heap[0][0] > self._steps_done:
-            self._steps_done = heap[0][0]
+        # The timer was set to land exactly on a step's end (the head job's last, or the
+        # next draw's): snap the counter to it, so float error (large clocks, small steps)
+        # cannot leave it a hair short and spin on ever tinier timers.
+        if self._timer_target > self._steps_done:
+            self._steps_done = self._timer_target
         while heap and heap[0][0] <= self._steps_done + _EPSILON_STEPS:
             _, request_id = heapq.heappop(heap)
             job = self.jobs.pop(request_id)

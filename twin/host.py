@@ -7,7 +7,7 @@ agents that kept half of theirs). The twin slows them by the same rule: while n 
 compute at once, a prefill progresses at min(1, prefill cores / n) and a decode step at
 min(1, decode cores / n), or, where the live profile measured it, at the share of a core
 its decode steps or prefills got with n agents busy: a decode batch at one place in the
-measured spread per stretch of constant batch, kept while the count changes under it (the
+measured spread per step, kept while the count changes under it (the
 scheduler runs the waking decode loop ahead of long prefills, so on a 2-CPU host it kept
 80-93 % of a core at one to three busy agents where the even share gives 58-100 %), and
 scaled by the step's length where the profile measured how the share falls with it (a

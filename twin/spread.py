@@ -96,10 +96,18 @@ class MeasuredSpread(WrappedTiming):
         return self.base.decode_step_s(batch_size, context_tokens) * self._factor("decode_factor")
 
     def decode_share(self) -> Callable[[int], float] | None:
-        """A decode batch's share of a core by busy agents, at one quantile drawn for a
-        stretch of constant batch and kept while the count changes under it: at the
-        nearest busy count measured (at most the count, else the least); beyond the most
-        crowding measured, slowed by processor sharing; None when none was measured.
+        """A decode step's share of a core by busy agents, at one quantile drawn for the
+        step (the decode instance draws again at each step's end) and kept while the count
+        changes under it: at the nearest busy count measured (at most the count, else the
+        least); beyond the most crowding measured, slowed by processor sharing; None when
+        none was measured.
+
+        One draw per step, as live measured them: drawn once per stretch of constant
+        batch, a lone request kept one share for all its steps, and where the batch
+        changed by the clock (requests joining every few steps) the stretches a slow draw
+        held ran fewer steps, so the steps ran at the mean share, not at the mean of their
+        times: at speed 10 on a 2-CPU host the twin's batch-1 steps took 1.19x their solo
+        time where live's took 1.39x, on the window's own calibration.
 
         Not a new draw at every change of the count: under load the count changes every
         step or more often (a prefill starts or ends every few tens of milliseconds), and

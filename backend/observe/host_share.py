@@ -227,7 +227,7 @@ def rates_by_busy(
     queues), and so its admission, err with that scatter (prefills are filed by
     `prefill_rates_by_busy`, being long beside the count's changes). The twin draws from
     the quantiles at its own busy count (twin/spread.py): one place in the spread per
-    stretch of constant decode batch, one per prefill. With `length`, each step's share is
+    decode step, one per prefill. With `length`, each step's share is
     given as at the reference length (its share over `length.factor` of its CPU seconds),
     and the twin scales it back by its own step's length."""
     rates: dict[int, list[float]] = {}

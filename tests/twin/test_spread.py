@@ -175,3 +175,35 @@ def test_a_decode_batch_keeps_its_draw_while_the_host_s_count_changes(tmp_path) 
     env.run(until=done)
     solo_s = timing.decode_step_s(1, 100)
     assert sum(tbt_means) / len(tbt_means) / solo_s == pytest.approx(2.01, rel=0.1)
+
+
+def test_each_decode_step_draws_its_own_share(tmp_path) -> None:
+    """Live measures every step's share of a core: a batch's steps each have their own luck,
+    so over many steps a request's gaps average 1 / share over the spread, E[1/r] = 2.01
+    times the solo step for shares drawn from [0.2, 1.0], whatever the seed. One draw per
+    stretch of constant batch gave a lone request one share for all its steps (1x to 5x),
+    and where the batch changed by the clock (requests joining), weighted the steps by
+    their share: the twin's small batches ran at 1 / E[r] of live's measured luck (its
+    batch-1 steps took 1.19x their solo time where live's took 1.39x)."""
+    profile = live_profile(_calibrator(), [])
+    profile["spread"] = {"decode_rate_1": [0.2, 1.0]}
+    path = tmp_path / "live.json"
+    path.write_text(json.dumps(profile))
+    ratios = []
+    for seed in range(8):
+        timing = load_timing(str(path), seed=seed)
+        env = simpy.Environment()
+        host = SharedHost(env, HostCores(prefill=2.0, decode=2.0))
+        finished: list[float] = []
+        decode = DecodeInstance(
+            env, "d0", timing, 10**9, on_start=lambda job, now_s: None,
+            on_finish=lambda job, now_s, tbt_mean_s, tbt_max_s, into=finished: into.append(
+                tbt_mean_s
+            ),
+            host=host,
+        )  # fmt: skip
+        decode.admit(DecodeJob("r0", 100, 1000))
+        env.run()
+        solo_s = sum(timing.decode_step_s(1, 100 + k) for k in range(1000)) / 1000
+        ratios.append(finished[0] / solo_s)
+    assert ratios == pytest.approx([2.01] * 8, rel=0.06)
