@@ -6,12 +6,12 @@ on a 2-CPU host the decode loop kept three quarters of its CPU time beside two p
 agents that kept half of theirs). The twin slows them by the same rule: while n instances
 compute at once, a prefill progresses at min(1, prefill cores / n) and a decode step at
 min(1, decode cores / n), or, where the live profile measured it, at the share of a core
-its decode steps or prefills got with n agents busy: a decode batch at one place in the
-measured spread per step, kept while the count changes under it (the
-scheduler runs the waking decode loop ahead of long prefills, so on a 2-CPU host it kept
-80-93 % of a core at one to three busy agents where the even share gives 58-100 %), and
-scaled by the step's length where the profile measured how the share falls with it (a
-3-5 ms step kept 0.80-0.85 of a core at three busy agents, a 20-30 ms one 0.58-0.65),
+its decode steps or prefills got with n agents busy: a decode step at one place in the
+measured spread, kept while the count changes under it (the scheduler runs the waking
+decode loop ahead of long prefills, so on a 2-CPU host it kept 80-93 % of a core at one to
+three busy agents where the even share gives 58-100 %), and scaled by the step's length
+where the profile measured how the share falls with it (a 3-5 ms step kept 0.80-0.85 of a
+core at three busy agents, a 20-30 ms one 0.58-0.65),
 a prefill at one place in the measured spread for its whole length (a short prefill gets
 a core at once or waits: 1.2x to 4.3x its CPU time where the even share gives 2.1x). A
 prefill counts while it computes; a decode instance while its batch is not empty. Every
