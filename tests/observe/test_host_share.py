@@ -13,11 +13,7 @@ from backend.observe.host_share import (
     rates_by_busy,
 )
 from backend.observe.live_profile import live_profile
-from backend.policy.calibration import (
-    Calibrator,
-    DecodeStepSample,
-    PrefillSample,
-)
+from backend.policy.calibration import Calibrator, DecodeStepSample, PrefillSample
 from backend.policy.cost_model import CostModel, DecodeFit, LinkModel, PrefillFit
 from backend.rpc.reports import Join
 from twin.host import HostCores
