@@ -3,10 +3,12 @@
 Every iteration of a batch takes the same step time until the batch changes, so the
 instance advances a shared step counter over whole stretches and wakes when a request
 joins or finishes; on a shared host with measured shares of a core also at every step's
-end, where the next step draws its own (and its solo time at the batch's context then). A
-request's tokens are the steps counted while it was in the batch; its TBT gaps are the
-step times of those stretches. Requests that find the instance's KV memory full wait for
-room (or are rejected by the local check when a rejection policy is on).
+end, where the next step draws its own (and its solo time at the batch's context then), and
+where the profile measured it, after the loop's pause between two steps, during which the
+instance leaves the host's cores to the others and requests join. A request's tokens are
+the steps counted while it was in the batch; its TBT gaps are the step times of those
+stretches (with the pause before each step). Requests that find the instance's KV memory
+full wait for room (or are rejected by the local check when a rejection policy is on).
 """
 
 import heapq
@@ -74,6 +76,11 @@ class DecodeInstance:
         self._sum_joined_steps = 0.0  # for the generated tokens of the batch
         self._timer_generation = 0
         self._timer_target = 0.0  # the step count the pending timer lands on
+        # Where the profile measured the loop's pauses between steps (on a shared host with
+        # measured shares), they replace the serving path's per-token cost.
+        self._pauses = host is not None and timing.decode_pause_s(0) is not None
+        self._in_pause = False  # between two steps: no progress, off the host's cores
+        self._pause_s = 0.0  # the pause before the current step (part of its TBT gap)
         # One entry per stretch of constant batch: its step time and tokens produced.
         self.epoch_step_s: list[float] = [0.0]
         self.epoch_tokens: list[float] = [0.0]
@@ -98,20 +105,23 @@ class DecodeInstance:
         if self.waiting or not self.has_room(job.context_tokens):
             self.waiting.append(job)
             return
+        if self._in_pause:  # joins between two steps: the next step starts with it
+            self._join(job)
+            return
         self._advance()
         self._join(job)
         self._reschedule()
 
     # -- the batch ------------------------------------------------------------------------
     def _steps_now(self) -> float:
-        if not self.jobs or self.step_s <= 0:
+        if not self.jobs or self.step_s <= 0 or self._in_pause:
             return self._steps_done
         return self._steps_done + (self.env.now - self._last_advance_s) / self.step_s
 
     def _advance(self) -> None:
         """Account the iterations run since the last change of the batch."""
         now_s = self.env.now
-        if self.jobs and self.step_s > 0:
+        if self.jobs and self.step_s > 0 and not self._in_pause:
             steps = (now_s - self._last_advance_s) / self.step_s
             self._steps_done += steps
             self.epoch_tokens[-1] += steps * len(self.jobs)
@@ -151,10 +161,15 @@ class DecodeInstance:
             self.step_s /= host.rate("decode", self._share, self._solo_step_s)
         if self.jobs and self._on_steps is not None:
             self._stretch = (len(self.jobs), self.context_tokens, self.step_s)
-        if self.jobs:
-            # A live profile adds what streaming each token costs beyond the step.
+        gap_s = self.step_s
+        if self._pauses:
+            gap_s += self._pause_s  # the tokens' gap: the pause before the step, the step
+        elif self.jobs:
+            # A live profile without measured pauses adds what streaming each token costs
+            # beyond the step.
             self.step_s += self.timing.serving.per_token_s
-        self.epoch_step_s.append(self.step_s)
+            gap_s = self.step_s
+        self.epoch_step_s.append(gap_s)
         self.epoch_tokens.append(0.0)
         self.epoch_t_s.append(self.env.now)
         self._timer_generation += 1
@@ -184,7 +199,7 @@ class DecodeInstance:
 
     def _on_host_change(self) -> None:
         """Another instance began or stopped computing: re-time the running batch."""
-        if self.jobs:
+        if self.jobs and not self._in_pause:
             self._advance()
             self._reschedule(redraw=False)
 
@@ -215,4 +230,33 @@ class DecodeInstance:
             heap.clear()
         while self.waiting and self.has_room(self.waiting[0].context_tokens):
             self._join(self.waiting.popleft())
+        if not self.jobs:
+            self._pause_s = 0.0  # the loop waits for work: no pause before the next step
+        elif self._pauses and self._share is not None and self.host is not None:
+            pause_s = self.timing.decode_pause_s(self.host.num_busy - self._on_host)
+            if pause_s is not None and pause_s > 0:
+                self._pause(pause_s)
+                return
+            self._pause_s = 0.0
+        self._reschedule()
+
+    def _pause(self, pause_s: float) -> None:
+        """Between two steps for `pause_s`: off the host's cores, no progress; requests that
+        come meanwhile join the next step."""
+        self._report_stretch()
+        if self._on_host and self.host is not None:
+            self._on_host = False
+            self.host.leave(self)
+        self._in_pause = True
+        self._pause_s = pause_s
+        self._timer_generation += 1
+        generation = self._timer_generation
+        timer = self.env.timeout(pause_s)
+        timer.callbacks.append(lambda _event: self._end_pause(generation))
+
+    def _end_pause(self, generation: int) -> None:
+        if generation != self._timer_generation:
+            return
+        self._in_pause = False
+        self._last_advance_s = self.env.now
         self._reschedule()

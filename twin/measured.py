@@ -146,6 +146,11 @@ class MeasuredTiming:
         """Processor sharing's, as `decode_share`."""
         return None
 
+    def decode_pause_s(self, num_busy: int) -> float | None:
+        """None: the serving path's `per_token_s`; a profile's spread draws a measured
+        pause (twin/spread.py)."""
+        return None
+
     def dispatch_delay_s(self) -> float:
         return self.serving.dispatch_s
 

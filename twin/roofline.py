@@ -124,6 +124,9 @@ class RooflineTiming:
     def prefill_share(self) -> Callable[[int], float] | None:
         return None
 
+    def decode_pause_s(self, num_busy: int) -> float | None:
+        return None
+
     def dispatch_delay_s(self) -> float:
         return 0.0
 

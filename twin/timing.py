@@ -74,6 +74,13 @@ class TimingModel(Protocol):
         None: processor sharing's."""
         ...
 
+    def decode_pause_s(self, num_busy: int) -> float | None:
+        """On a shared host, the decode loop's pause between two steps of a batch (handing
+        out the tokens, taking in requests) while `num_busy` other agents compute, drawn
+        from a live profile's measured spread; None: no pause of its own (the serving
+        path's `per_token_s` is added to each step instead)."""
+        ...
+
     def dispatch_delay_s(self) -> float:
         """One request's way from arrival to its prefill agent (the serving path's)."""
         ...

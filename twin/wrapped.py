@@ -61,6 +61,9 @@ class WrappedTiming:
     def prefill_share(self) -> Callable[[int], float] | None:
         return self.base.prefill_share()
 
+    def decode_pause_s(self, num_busy: int) -> float | None:
+        return self.base.decode_pause_s(num_busy)
+
     def dispatch_delay_s(self) -> float:
         return self.base.dispatch_delay_s()
 

@@ -106,20 +106,25 @@ class DecodeLoop:
         self._thread.join(timeout=5)
 
     def _run(self) -> None:
+        ended_s: float | None = None  # the last step's end, while the batch holds requests
         while True:
             with self._cond:
+                if self.worker.is_idle:
+                    ended_s = None  # waiting for work is no pause between steps
                 while self.worker.is_idle and not self._stopped:
                     self._cond.wait()
                 if self._stopped:
                     return
                 batch_size, context_tokens = self.worker.batch_size, self.worker.context_tokens
                 started_s, started_cpu_s = time.perf_counter(), time.thread_time()
+                pause_s = started_s - ended_s if ended_s is not None else None
                 self.worker.step()
-                self.last_step_s = time.perf_counter() - started_s
+                ended_s = time.perf_counter()
+                self.last_step_s = ended_s - started_s
                 cpu_s = min(time.thread_time() - started_cpu_s, self.last_step_s)
                 self._steps.append(
                     DecodeStepSample(
-                        time.time(), batch_size, context_tokens, self.last_step_s, cpu_s
+                        time.time(), batch_size, context_tokens, self.last_step_s, cpu_s, pause_s
                     )
                 )
             self._let_callers_in()

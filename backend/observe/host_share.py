@@ -27,6 +27,7 @@ The twin runs the solo times and slows them by the same rule with its own count 
 agents (twin/host.py), so a change that crowds the host more is predicted to run slower.
 """
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
@@ -71,6 +72,9 @@ class HostShare:
     # How a decode step's share falls with its length; `decode_rates` are then each step's
     # share as at the reference length (see `decode_length_share`). None: as measured.
     decode_length: "DecodeLength | None" = None
+    # The decode loops' pauses between two steps (seconds), by how many other agents
+    # computed during each: see `pauses_by_busy`.
+    decode_pauses: dict[int, tuple[float, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +143,12 @@ class _BusyAgents:
             spent[:, k] = at_k[self._ends] - at_k[self._starts]
         return spent
 
+    def count_at(self, times_s: np.ndarray) -> np.ndarray:
+        """n(t) at each of `times_s` (0 outside every interval)."""
+        index = np.searchsorted(self.edges, times_s, side="right") - 1
+        inside = (index >= 0) & (index < len(self.count))
+        return np.where(inside, self.count[np.clip(index, 0, len(self.count) - 1)], 0)
+
     def mean_busy(self) -> float:
         counts = self.count[:-1]
         busy = counts > 0
@@ -203,7 +213,36 @@ def host_share(
         prefill_rates=prefill_rates,
         prefill_rate_weights=prefill_rate_weights,
         decode_length=decode_length,
+        decode_pauses=pauses_by_busy(decode, busy, num_agents),
     )
+
+
+def pauses_by_busy(
+    decode: Sequence[DecodeStepSample], busy: "_BusyAgents", num_agents: int
+) -> dict[int, tuple[float, ...]]:
+    """Each measured pause of a decode loop between two steps (`DecodeStepSample.pause_s`),
+    by how many other agents computed at its middle (the loop's own steps do not cover it).
+
+    The loop hands out a step's tokens and takes in requests between two steps, on a core
+    it shares, so its pause grows with the crowding: on a 2-CPU host at speed 9, 2P:1D, a
+    median 0.02 ms at any count, but a mean 0.05-0.2 ms beside no busy agent and 0.6-1.0
+    ms beside two (preempted now and then for milliseconds), 4-6 % of the loop's time
+    there. The busy count leaves the loop out meanwhile, so the prefills beside it were
+    measured with a core more at those moments; the twin's decode leaves the cores for a
+    pause drawn from these (twin/decode.py), so that its prefills meet the same counts."""
+    pauses = [
+        (s.time_s - max(s.seconds, 0.0) - 0.5 * s.pause_s, s.pause_s)
+        for s in decode
+        if s.pause_s is not None and s.pause_s >= 0
+    ]
+    if not pauses:
+        return {}
+    middles = np.array([m for m, _ in pauses], dtype=float)
+    counts = np.clip(busy.count_at(middles), 0, num_agents - 1).astype(int)
+    by_count: dict[int, list[float]] = {}
+    for count, (_, pause_s) in zip(counts, pauses, strict=True):
+        by_count.setdefault(int(count), []).append(float(pause_s))
+    return {count: tuple(values) for count, values in sorted(by_count.items())}
 
 
 def rates_by_busy(
@@ -310,7 +349,16 @@ def prefill_rates_by_busy(
     luck: its prefill work went 8-13 % faster than live's in the same windows (2-CPU host,
     speeds 8 and 12), and its admission refused 19-32 % fewer requests. Weighted by each
     prefill's CPU seconds, the draw gives the work the luck the work had (`live_profile`
-    takes weighted quantiles): within 4 % of live's, 5-11 % fewer refusals."""
+    takes weighted quantiles): within 4 % of live's, 5-11 % fewer refusals.
+
+    Luck also goes with the count mixture: the fit is least squares through prefills of
+    every length, so what it misses for a mixture (a long prefill at three busy agents for
+    most of its time, two for the rest) lands in that prefill's luck, and the twin, drawing
+    luck independently of the counts a prefill meets, loses the pairing: on a 2-CPU host at
+    speed 9, 2P:1D, its prefills took 5-16 % more wall time per CPU second than live's in
+    the same windows, its admission refused a fifth more. Every prefill's luck is scaled
+    (`_luck_scale`) so that prefills drawing it independently over the window's own count
+    mixtures take, in all, the wall time live's took."""
     if len(cpu_s) == 0:
         return {}, ()
     total = time_at.sum(axis=0)
@@ -326,11 +374,66 @@ def prefill_rates_by_busy(
     given = time_at[:, counts] @ shares
     valid = given > 0
     luck = cpu_s[valid] / given[valid]
+    luck *= _luck_scale(time_at[valid][:, counts], cpu_s[valid], shares, luck)
     rates = {
         k + 1: tuple(float(min(1.0, share * x)) for x in luck)
         for k, share in zip(counts, shares, strict=True)
     }
     return rates, tuple(float(c) for c in cpu_s[valid])
+
+
+# The quantiles a profile gives a spread in (live_profile), and the draws between them the
+# luck's scale averages over (the twin draws linearly between the quantiles).
+NUM_QUANTILES = 41
+LUCK_DRAWS = 401
+MIN_LUCK_SCALE, MAX_LUCK_SCALE = 0.25, 4.0
+
+
+def weighted_quantiles(values: np.ndarray, weights: np.ndarray, num: int) -> np.ndarray:
+    """`num` evenly spaced quantiles of the distribution where each value counts by its
+    weight (each at the middle of its weight's stretch of the cumulative sum, linear
+    between)."""
+    order = np.argsort(values)
+    sorted_values, sorted_weights = values[order], weights[order]
+    middles = (np.cumsum(sorted_weights) - 0.5 * sorted_weights) / np.sum(sorted_weights)
+    return np.interp(np.linspace(0.0, 1.0, num), middles, sorted_values)
+
+
+def _luck_scale(
+    time_at: np.ndarray, cpu_s: np.ndarray, shares: np.ndarray, luck: np.ndarray
+) -> float:
+    """The factor on every prefill's luck under which prefills that draw their luck as the
+    twin does (between the work-weighted quantiles a profile keeps, independently of the
+    counts they meet) take in all the wall time live's took: each prefill i, at its own
+    fractions of time at each count f_ik and its CPU seconds c_i, would take
+    c_i / sum_k f_ik min(1, share_k x luck) for a drawn luck; summed over the prefills and
+    averaged over the draws, that equals the prefills' measured wall time. 1 where it
+    cannot be told."""
+    wall = time_at.sum(axis=1)
+    if len(luck) < 2 or not (np.all(wall > 0) and cpu_s.sum() > 0):
+        return 1.0
+    fractions = time_at / wall[:, None]
+    quantiles = weighted_quantiles(luck, cpu_s, NUM_QUANTILES)
+    drawn = np.interp(
+        np.linspace(0.0, NUM_QUANTILES - 1, LUCK_DRAWS), np.arange(NUM_QUANTILES), quantiles
+    )
+
+    def wall_of(scale: float) -> float:
+        rates = np.minimum(1.0, shares[None, :] * scale * drawn[:, None])  # [draw, count]
+        mean_rate = fractions @ rates.T  # [prefill, draw]
+        return float(np.mean(cpu_s[:, None] / np.maximum(mean_rate, 1e-9), axis=1).sum())
+
+    measured = float(wall.sum())
+    low, high = MIN_LUCK_SCALE, MAX_LUCK_SCALE
+    if wall_of(high) > measured or wall_of(low) < measured:
+        return 1.0  # beyond what a scale can reach (the caps): as fitted
+    for _ in range(40):  # wall_of falls as the scale grows
+        middle = math.sqrt(low * high)
+        if wall_of(middle) > measured:
+            low = middle
+        else:
+            high = middle
+    return math.sqrt(low * high)
 
 
 def _cores_of_work(

@@ -17,7 +17,9 @@ the agents shared; the twin slows them again by how many of its agents compute a
 decode steps and prefills at a share of a core drawn from what the window's steps and
 prefills got at as many busy agents (`spread.decode_rate_N`, `spread.prefill_rate_N`).
 A decode step's share falls with its length (`host.decode_length`: its `decode_rate_N`
-are then the shares as at the reference length).
+are then the shares as at the reference length), and where the agents measured the decode
+loop's pauses between steps, `spread.decode_pause_N` holds them by the number of other
+agents computing meanwhile.
 """
 
 from collections.abc import Callable, Mapping, Sequence
@@ -26,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from backend.observe.host_share import HostShare, host_share
+from backend.observe.host_share import NUM_QUANTILES, HostShare, host_share, weighted_quantiles
 from backend.policy.calibration import Calibrator, DecodeStepSample, PrefillSample
 from backend.policy.cost_model import (
     PROFILE_FORMAT,
@@ -39,7 +41,6 @@ from backend.policy.cost_model import (
 )
 from backend.rpc.reports import Join
 
-NUM_QUANTILES = 41  # every 2.5 %
 MIN_STEPS_PER_BATCH = 5  # a batch size measured less often takes the fit's times
 MIN_POINTS_PER_RATE = 20  # decode steps or prefills at one busy count for its quantiles
 BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -316,6 +317,9 @@ def _spread(
                 # weighted by each prefill's work (host_share.prefill_rates_by_busy)
                 weights = share.prefill_rate_weights
                 spread[f"prefill_rate_{busy_agents}"] = _quantiles(list(rates), weights)
+        for others_busy, pauses in share.decode_pauses.items():
+            if len(pauses) >= MIN_POINTS_PER_RATE:
+                spread[f"decode_pause_{others_busy}"] = _quantiles(list(pauses))
     return spread
 
 
@@ -327,7 +331,5 @@ def _quantiles(values: Sequence[float], weights: Sequence[float] = ()) -> list[f
     positions = np.linspace(0, 1, NUM_QUANTILES)
     if len(weights) == 0 or not np.sum(weights) > 0:
         return [float(v) for v in np.quantile(values, positions)]
-    order = np.argsort(values)
-    sorted_values, sorted_weights = values[order], np.asarray(weights, dtype=float)[order]
-    middles = (np.cumsum(sorted_weights) - 0.5 * sorted_weights) / np.sum(sorted_weights)
-    return [float(v) for v in np.interp(positions, middles, sorted_values)]
+    weighted = weighted_quantiles(values, np.asarray(weights, dtype=float), NUM_QUANTILES)
+    return [float(v) for v in weighted]

@@ -45,14 +45,17 @@ class PrefillSample:
 
 @dataclass(frozen=True, slots=True)
 class DecodeStepSample:
-    """One continuous-batching iteration: batch size, KV tokens of the batch, seconds, and
-    the CPU time the decode loop's thread got in them (None where not measured)."""
+    """One continuous-batching iteration: batch size, KV tokens of the batch, seconds, the
+    CPU time the decode loop's thread got in them, and the loop's pause before it: from the
+    previous step's end while the batch held requests (handing out tokens, taking in
+    requests); None where not measured or where the loop waited for work first."""
 
     time_s: float
     batch_size: int
     context_tokens: int
     seconds: float
     cpu_s: float | None = None
+    pause_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

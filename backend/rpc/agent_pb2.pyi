@@ -442,18 +442,20 @@ class PrefillSample(_message.Message):
     def __init__(self, input_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., fetched_tokens: _Optional[int] = ..., seconds: _Optional[float] = ..., queue_s: _Optional[float] = ..., age_s: _Optional[float] = ..., cpu_s: _Optional[float] = ..., fetch_s: _Optional[float] = ...) -> None: ...
 
 class DecodeStepSample(_message.Message):
-    __slots__ = ("batch_size", "context_tokens", "seconds", "age_s", "cpu_s")
+    __slots__ = ("batch_size", "context_tokens", "seconds", "age_s", "cpu_s", "pause_s")
     BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     SECONDS_FIELD_NUMBER: _ClassVar[int]
     AGE_S_FIELD_NUMBER: _ClassVar[int]
     CPU_S_FIELD_NUMBER: _ClassVar[int]
+    PAUSE_S_FIELD_NUMBER: _ClassVar[int]
     batch_size: int
     context_tokens: int
     seconds: float
     age_s: float
     cpu_s: float
-    def __init__(self, batch_size: _Optional[int] = ..., context_tokens: _Optional[int] = ..., seconds: _Optional[float] = ..., age_s: _Optional[float] = ..., cpu_s: _Optional[float] = ...) -> None: ...
+    pause_s: float
+    def __init__(self, batch_size: _Optional[int] = ..., context_tokens: _Optional[int] = ..., seconds: _Optional[float] = ..., age_s: _Optional[float] = ..., cpu_s: _Optional[float] = ..., pause_s: _Optional[float] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("instance_id", "sequence", "now_s", "role", "draining", "prefill", "decode", "memory", "events", "first_event_index", "num_dropped_events", "final", "prefill_samples", "decode_steps")

@@ -310,6 +310,7 @@ def heartbeat_to_proto(heartbeat: Heartbeat) -> pb.HeartbeatRequest:
                 seconds=s.seconds,
                 age_s=max(0.0, heartbeat.now_s - s.time_s),
                 cpu_s=s.cpu_s,
+                pause_s=s.pause_s,
             )
             for s in heartbeat.decode_steps
         ],
@@ -352,6 +353,7 @@ def heartbeat_from_proto(message: pb.HeartbeatRequest) -> Heartbeat:
                 s.context_tokens,
                 s.seconds,
                 s.cpu_s if s.HasField("cpu_s") else None,
+                s.pause_s if s.HasField("pause_s") else None,
             )
             for s in message.decode_steps
         ),

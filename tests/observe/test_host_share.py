@@ -12,7 +12,7 @@ from backend.observe.host_share import (
     prefill_rates_by_busy,
     rates_by_busy,
 )
-from backend.observe.live_profile import live_profile
+from backend.observe.live_profile import _quantiles, live_profile
 from backend.policy.calibration import Calibrator, DecodeStepSample, PrefillSample
 from backend.policy.cost_model import CostModel, DecodeFit, LinkModel, PrefillFit
 from backend.rpc.reports import Join
@@ -235,7 +235,7 @@ def test_prefill_rates_are_drawn_as_the_work_had_them_long_prefills_less_lucky()
     assert cpu / wall == pytest.approx(0.554, abs=0.001)
     assert 1.0 / np.mean(1.0 / draws) == pytest.approx(cpu / wall, rel=0.03)
     evenly = np.asarray(share.prefill_rates[2])
-    assert 1.0 / np.mean(1.0 / evenly) == pytest.approx(0.81, abs=0.01)
+    assert 1.0 / np.mean(1.0 / evenly) == pytest.approx(0.81, abs=0.02)
 
 
 def test_a_decode_steps_share_falls_with_its_length_and_the_twin_scales_it_back() -> None:
@@ -258,3 +258,61 @@ def test_a_decode_steps_share_falls_with_its_length_and_the_twin_scales_it_back(
     # Lengths too alike to tell: no dependence fitted.
     alike = np.full(400, 0.005)
     assert decode_length_share(counts, alike / share, alike, num_agents=3) is None
+
+
+def _twin_wall_s(rates: dict[int, tuple[float, ...]], weights, time_at, cpu_s) -> float:
+    """The prefills' wall time in all if each drew its luck as the twin does (one place
+    between the profile's work-weighted quantiles, the same at every count) independently
+    of the counts it met, at its own fractions of time at each count."""
+    draws = np.linspace(0.0, 1.0, 2001)
+    by_count = np.zeros((len(draws), time_at.shape[1]))
+    for count, values in rates.items():
+        quantiles = _quantiles(list(values), list(weights))
+        by_count[:, count - 1] = np.interp(draws, np.linspace(0, 1, len(quantiles)), quantiles)
+    fractions = time_at / time_at.sum(axis=1, keepdims=True)
+    return float(np.mean(cpu_s[:, None] / (fractions @ by_count.T), axis=1).sum())
+
+
+def test_prefills_drawing_luck_as_the_twin_does_take_the_wall_time_live_took() -> None:
+    """Each prefill got its own share of a core at two and three busy agents (0.9 and 0.45
+    of a core times its luck with the scheduler, at most a core), the lucky ones short:
+    the fit files what it misses in each prefill's luck, and a twin drawing that luck from
+    the profile's quantiles, apart from the counts its prefill meets and capped at a core,
+    would take 1.6 % more wall time than live's prefills did. Scaled, it takes live's."""
+    rng = np.random.default_rng(2)
+    num = 200
+    at_two_share = rng.uniform(0, 0.6, num) ** 2
+    luck = np.exp(rng.normal(0, 0.7, num))
+    length = np.where(luck > 1, 0.02, 0.2) * rng.uniform(0.5, 1.5, num)
+    at_two, at_three = at_two_share * length, (1 - at_two_share) * length
+    cpu_s = np.minimum(1, 0.9 * luck) * at_two + np.minimum(1, 0.45 * luck) * at_three
+    time_at = np.stack([np.zeros(num), at_two, at_three], axis=1)
+    measured_wall_s = float(time_at.sum())
+    rates, weights = prefill_rates_by_busy(time_at, cpu_s)
+    assert _twin_wall_s(rates, weights, time_at, cpu_s) == pytest.approx(measured_wall_s, rel=0.005)
+    with pytest.MonkeyPatch.context() as patch:  # the luck as fitted
+        patch.setattr("backend.observe.host_share._luck_scale", lambda *args: 1.0)
+        unscaled, _ = prefill_rates_by_busy(time_at, cpu_s)
+    assert _twin_wall_s(unscaled, weights, time_at, cpu_s) > 1.01 * measured_wall_s
+
+
+def test_decode_pauses_are_kept_by_how_many_other_agents_computed() -> None:
+    """A decode loop's pause between two steps is filed under the count of the others at
+    its middle: here 0.2 ms with no prefill computing, 1 ms beside one."""
+    prefill = [PrefillSample(1.0 + 0.5 * n, 100, 0, 0.2, cpu_s=0.1) for n in range(30)]
+    decode = []
+    for n in range(30):  # a step of 5 ms every 50 ms, each after a pause
+        start_s = 0.8 + 0.5 * n
+        decode.append(DecodeStepSample(start_s + 0.005, 1, 100, 0.005, 0.005, 0.0002))
+        start_s += 0.1  # in the middle of a prefill (which runs 0.3-0.5 s of each half second)
+        decode.append(DecodeStepSample(start_s + 0.005, 1, 100, 0.005, 0.004, 0.001))
+    decode.append(DecodeStepSample(20.0, 1, 100, 0.005, 0.005, None))  # after waiting for work
+    share = host_share(prefill, decode, num_agents=3, min_prefill_points=20)
+    assert share is not None
+    assert share.decode_pauses == {0: (0.0002,) * 30, 1: (0.001,) * 30}
+    calibrator = Calibrator(COST)
+    calibrator.add_prefill(prefill)
+    calibrator.add_decode(decode)
+    spread = live_profile(calibrator, _joins("127.0.0.1", "127.0.0.1"))["spread"]
+    assert spread["decode_pause_0"] == pytest.approx([0.0002] * 41)
+    assert spread["decode_pause_1"] == pytest.approx([0.001] * 41)

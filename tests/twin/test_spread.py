@@ -1,5 +1,6 @@
 """The measured spread of a live profile: quantile draws, the profile section, the twin run."""
 
+import itertools
 import json
 import random
 
@@ -12,7 +13,7 @@ from backend.policy.cost_model import CostModel, DecodeFit, LinkModel, PrefillFi
 from backend.rpc.reports import Join
 from twin.decode import DecodeInstance, DecodeJob
 from twin.host import HostCores, SharedHost
-from twin.spread import Quantiles, read_spread
+from twin.spread import MeasuredSpread, Quantiles, read_spread
 from twin.timing import load_timing, policy_cost_model
 
 COST = CostModel(PrefillFit(0.01, 1e-4), DecodeFit(0.005, 0.002, 0.0), LinkModel(1e9), 2048)
@@ -207,3 +208,76 @@ def test_each_decode_step_draws_its_own_share(tmp_path) -> None:
         solo_s = sum(timing.decode_step_s(1, 100 + k) for k in range(1000)) / 1000
         ratios.append(finished[0] / solo_s)
     assert ratios == pytest.approx([2.01] * 8, rel=0.06)
+
+
+def test_the_decode_loop_pauses_between_steps_off_the_host_s_cores(tmp_path) -> None:
+    """Where the profile measured the loop's pauses between steps (`decode_pause_N`, by
+    other agents busy), the twin's decode leaves the host's cores for a drawn pause after
+    each step: a prefill beside it meets one busy agent fewer meanwhile, the pause is part
+    of the tokens' gaps, and the serving path's per-token cost is not added on top."""
+    profile = live_profile(_calibrator(), [])
+    profile["spread"] = {"decode_rate_1": [1.0, 1.0], "decode_pause_0": [0.004, 0.004]}
+    profile["serving"]["per_token_s"] = 0.5  # would dwarf everything if still added
+    path = tmp_path / "live.json"
+    path.write_text(json.dumps(profile))
+    timing = load_timing(str(path), seed=1)
+    env = simpy.Environment()
+    host = SharedHost(env, HostCores(prefill=2.0, decode=2.0))
+    busy: list[tuple[float, int]] = []
+    enter, leave = host.enter, host.leave
+    host.enter = lambda owner=None: (enter(owner), busy.append((env.now, host.num_busy)))[0]  # type: ignore[method-assign]
+    host.leave = lambda owner=None: (leave(owner), busy.append((env.now, host.num_busy)))[0]  # type: ignore[method-assign]
+    finished: list[tuple[float, float]] = []
+    decode = DecodeInstance(
+        env, "d0", timing, 10**9, on_start=lambda job, now_s: None,
+        on_finish=lambda job, now_s, tbt_mean_s, tbt_max_s: finished.append(
+            (tbt_mean_s, tbt_max_s)
+        ),
+        host=host,
+    )  # fmt: skip
+    decode.admit(DecodeJob("r0", 100, 50))
+    env.run()
+    steps_s = [timing.decode_step_s(1, 100 + k) for k in range(50)]
+    ((tbt_mean_s, tbt_max_s),) = finished
+    # 50 steps at a full core, a 4 ms pause before each but the first
+    assert tbt_mean_s == pytest.approx((sum(steps_s) + 49 * 0.004) / 50, rel=0.02)
+    assert tbt_max_s < 0.5
+    # off the cores during every pause, on them for every step: 50 entries, 49 leaves
+    # between steps and the last leave when the batch emptied
+    assert [n for _, n in busy].count(1) == 50 and [n for _, n in busy].count(0) == 50
+    off_s = sum(b[0] - a[0] for a, b in itertools.pairwise(busy) if a[1] == 0)
+    assert off_s == pytest.approx(49 * 0.004, rel=1e-6)
+
+
+def test_without_measured_pauses_the_decode_stays_on_the_cores(tmp_path) -> None:
+    profile = live_profile(_calibrator(), [])
+    profile["spread"] = {"decode_rate_1": [1.0, 1.0]}
+    path = tmp_path / "live.json"
+    path.write_text(json.dumps(profile))
+    timing = load_timing(str(path), seed=1)
+    assert timing.decode_pause_s(0) is None
+    env = simpy.Environment()
+    host = SharedHost(env, HostCores(prefill=2.0, decode=2.0))
+    changes: list[int] = []
+    enter, leave = host.enter, host.leave
+    host.enter = lambda owner=None: (enter(owner), changes.append(host.num_busy))[0]  # type: ignore[method-assign]
+    host.leave = lambda owner=None: (leave(owner), changes.append(host.num_busy))[0]  # type: ignore[method-assign]
+    decode = DecodeInstance(
+        env, "d0", timing, 10**9, on_start=lambda job, now_s: None,
+        on_finish=lambda job, now_s, tbt_mean_s, tbt_max_s: None, host=host,
+    )  # fmt: skip
+    decode.admit(DecodeJob("r0", 100, 50))
+    env.run()
+    assert changes == [1, 0]
+
+
+def test_a_pause_is_drawn_at_the_nearest_count_measured_and_lengthened_beyond() -> None:
+    pauses = {"decode_pause_0": [0.001, 0.001], "decode_pause_2": [0.003, 0.003]}
+    spreads = read_spread({"spread": pauses})
+    timing = MeasuredSpread(load_timing("tiny-cpu"), spreads, seed=0)
+    assert timing.decode_pause_s(0) == pytest.approx(0.001)
+    assert timing.decode_pause_s(1) == pytest.approx(0.001)  # at most the count
+    assert timing.decode_pause_s(2) == pytest.approx(0.003)
+    assert timing.decode_pause_s(3) == pytest.approx(0.0045)  # processor sharing beyond
+    with pytest.raises(ValueError, match="decode_pause_x"):
+        read_spread({"spread": {"decode_pause_x": [0.1, 0.2]}})

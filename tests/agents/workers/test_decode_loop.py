@@ -50,3 +50,26 @@ def test_calls_from_other_threads_get_in_between_steps_of_a_busy_batch(tiny_mode
         for request_id in ("busy-1", "busy-2", "busy-3"):
             loop.cancel(request_id, "test over")
         loop.stop()
+
+
+def test_each_step_carries_the_loop_s_pause_before_it(tiny_model) -> None:
+    """A step after the previous one carries the pause between them (the loop handing
+    out tokens and letting callers in); the first step after waiting for work carries
+    none, since waiting is no pause."""
+    prefill = PrefillWorker(tiny_model, BLOCK_SIZE)
+    loop = DecodeLoop(DecodeWorker(tiny_model))
+    try:
+        stream = loop.submit(make_request(prefill, "short", prompt(7, 40), 12))
+        while not isinstance(stream.get(timeout=10), DecodeOutcome):
+            pass
+        steps = loop.take_steps()
+        assert len(steps) >= 11
+        assert steps[0].pause_s is None
+        pauses = [s.pause_s for s in steps[1:]]
+        assert all(p is not None and 0.0 <= p < 0.5 for p in pauses), pauses
+        ends = [s.time_s for s in steps]
+        for before, after, step in zip(ends, ends[1:], steps[1:], strict=False):
+            # the wall clock between two steps' ends holds the pause and the step
+            assert after - before >= step.seconds + step.pause_s - 0.002
+    finally:
+        loop.stop()
