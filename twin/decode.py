@@ -230,9 +230,11 @@ class DecodeInstance:
             heap.clear()
         while self.waiting and self.has_room(self.waiting[0].context_tokens):
             self._join(self.waiting.popleft())
+        # A request that joined mid-step ends mid-step: the loop pauses only between steps.
+        at_step_end = abs(self._steps_done - round(self._steps_done)) < _EPSILON_STEPS
         if not self.jobs:
             self._pause_s = 0.0  # the loop waits for work: no pause before the next step
-        elif self._pauses and self._share is not None and self.host is not None:
+        elif at_step_end and self._pauses and self._share is not None and self.host is not None:
             pause_s = self.timing.decode_pause_s(self.host.num_busy - self._on_host)
             if pause_s is not None and pause_s > 0:
                 self._pause(pause_s)
