@@ -29,11 +29,17 @@ _EPSILON_STEPS = 1e-9
 class DecodeJob:
     request_id: str
     context_tokens: int
-    output_tokens: int
+    output_tokens: int  # what the request generates, its first token (the prefill's) included
     # Filled in by the instance:
     joined_step: float = 0.0
     joined_s: float = 0.0
     joined_epoch: int = 0
+
+    @property
+    def steps(self) -> int:
+        """Decode steps it takes: its first token comes with it from the prefill (a live
+        decode agent emits it on joining and retires the request at `output_tokens`)."""
+        return max(0, self.output_tokens - 1)
 
 
 class DecodeInstance:
@@ -102,6 +108,10 @@ class DecodeInstance:
 
     def admit(self, job: DecodeJob) -> None:
         """Start `job` now if its KV fits, else queue it until a request finishes."""
+        if job.steps == 0:  # its one token came from the prefill: done on joining
+            self._on_start(job, self.env.now)
+            self._on_finish(job, self.env.now, 0.0, 0.0)
+            return
         if self.waiting or not self.has_room(job.context_tokens):
             self.waiting.append(job)
             return
@@ -134,7 +144,7 @@ class DecodeInstance:
         self.jobs[job.request_id] = job
         self._sum_context_tokens += job.context_tokens
         self._sum_joined_steps += job.joined_step
-        heapq.heappush(self._finish_heap, (job.joined_step + job.output_tokens, job.request_id))
+        heapq.heappush(self._finish_heap, (job.joined_step + job.steps, job.request_id))
         self._on_start(job, self.env.now)
 
     def _reschedule(self, *, redraw: bool = True) -> None:
@@ -220,7 +230,7 @@ class DecodeInstance:
             self._sum_context_tokens -= job.context_tokens
             self._sum_joined_steps -= job.joined_step
             elapsed_s = now_s - job.joined_s
-            tbt_mean_s = elapsed_s / job.output_tokens if job.output_tokens else 0.0
+            tbt_mean_s = elapsed_s / job.steps if job.steps else 0.0
             tbt_max_s = max(self.epoch_step_s[job.joined_epoch :], default=self.step_s)
             self._on_finish(job, now_s, tbt_mean_s, tbt_max_s)
         if not self.jobs:

@@ -32,12 +32,14 @@ def run_decode(jobs, *, start_s: float = 0.0, kv_capacity_tokens: int = 10**9):
     return decode, started, finished
 
 
-def test_a_lone_request_takes_output_steps_of_its_batch_step() -> None:
+def test_a_lone_request_takes_a_step_for_each_token_but_its_first() -> None:
+    """Its first token comes from the prefill (a live decode agent emits it on joining and
+    retires the request at its output length): 100 tokens are 99 steps."""
     decode, _, finished = run_decode([(0.0, DecodeJob("a", 1000, 100))])
     step_s = load_timing("paper").decode_step_s(1, 1000)
     end_s, mean_s, max_s = finished["a"]
     # The batch's context grows as tokens are generated, but the step is fixed per stretch.
-    assert abs(end_s - 100 * step_s) < 1e-9
+    assert abs(end_s - 99 * step_s) < 1e-9
     assert abs(mean_s - step_s) < 1e-12 and max_s == step_s
     assert decode.batch_size == 0
 
@@ -48,7 +50,13 @@ def test_joining_requests_slow_the_batch_and_everyone_finishes() -> None:
     assert set(finished) == {f"r{n}" for n in range(20)}
     lone_step_s = load_timing("paper").decode_step_s(1, 12_000)
     assert max(mean for _, mean, _ in finished.values()) > lone_step_s
-    assert abs(sum(decode.epoch_tokens) - sum(job.output_tokens for _, job in jobs)) < 1e-6
+    assert abs(sum(decode.epoch_tokens) - sum(job.steps for _, job in jobs)) < 1e-6
+
+
+def test_a_one_token_request_is_done_on_joining() -> None:
+    decode, started, finished = run_decode([(0.5, DecodeJob("one", 100, 1))])
+    assert started["one"] == 0.5 and finished["one"] == (0.5, 0.0, 0.0)
+    assert decode.batch_size == 0 and sum(decode.epoch_tokens) == 0
 
 
 def test_a_late_clock_still_finishes_exactly() -> None:

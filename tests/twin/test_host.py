@@ -54,7 +54,7 @@ def test_a_decode_batch_steps_slower_while_a_prefill_computes_beside_it() -> Non
         host=host,
     )  # fmt: skip
     step_s = timing.decode_step_s(1, 1000)
-    decode.admit(DecodeJob("a", 1000, 100))
+    decode.admit(DecodeJob("a", 1000, 101))  # 100 steps
     assert host.num_busy == 1
 
     def prefill():  # computes for as long as 20 solo steps, from step 10 on

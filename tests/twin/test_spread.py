@@ -235,7 +235,7 @@ def test_the_decode_loop_pauses_between_steps_off_the_host_s_cores(tmp_path) -> 
         ),
         host=host,
     )  # fmt: skip
-    decode.admit(DecodeJob("r0", 100, 50))
+    decode.admit(DecodeJob("r0", 100, 51))  # 50 steps (its first token is the prefill's)
     env.run()
     steps_s = [timing.decode_step_s(1, 100 + k) for k in range(50)]
     ((tbt_mean_s, tbt_max_s),) = finished
