@@ -157,7 +157,8 @@ class MeasuredSpread(WrappedTiming):
         below = [n for n in measured if n <= num_busy]
         seen = max(below) if below else min(measured)
         pause_s = measured[seen].draw(self._random)
-        return pause_s * num_busy / seen if num_busy > seen > 0 else pause_s
+        most = max(measured)
+        return pause_s * num_busy / most if num_busy > most > 0 else pause_s
 
     def dispatch_delay_s(self) -> float:
         spread = self.spreads.get("dispatch_s")

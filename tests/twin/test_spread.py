@@ -279,5 +279,11 @@ def test_a_pause_is_drawn_at_the_nearest_count_measured_and_lengthened_beyond() 
     assert timing.decode_pause_s(1) == pytest.approx(0.001)  # at most the count
     assert timing.decode_pause_s(2) == pytest.approx(0.003)
     assert timing.decode_pause_s(3) == pytest.approx(0.0045)  # processor sharing beyond
+    between = MeasuredSpread(
+        load_timing("tiny-cpu"),
+        read_spread({"spread": {"decode_pause_1": [0.002, 0.002], "decode_pause_3": [0.004] * 2}}),
+        seed=0,
+    )
+    assert between.decode_pause_s(2) == pytest.approx(0.002)  # measured beyond: not scaled
     with pytest.raises(ValueError, match="decode_pause_x"):
         read_spread({"spread": {"decode_pause_x": [0.1, 0.2]}})
