@@ -7,7 +7,7 @@ is the policy's `check_decode_arrival`.
 """
 
 from collections import defaultdict
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from typing import Any
 
 import simpy
@@ -28,6 +28,7 @@ from backend.policy.effects import (
     Replicate,
     carry_out,
 )
+from backend.policy.lines import PrefillLines
 from twin.config import TwinConfig
 from twin.decode import DecodeInstance, DecodeJob
 from twin.host import SharedHost
@@ -64,6 +65,10 @@ class TwinCluster(EffectHandler):
         self._jobs: dict[str, PrefillJob] = {}
         # When the last dispatch to each prefill instance reaches it (dispatches keep order).
         self._last_reach_s: dict[PrefillInstance, float] = defaultdict(float)
+        # What the core sees of each instance's queue, as the live runtime keeps it: a
+        # prefill starts when dispatched to an empty line or when the answer of the one
+        # ahead of it comes back.
+        self._lines = PrefillLines()
         self._num_requests = 0
         self._all_done = self.env.event()
         # Instances of a live profile measured on one host crowd its cores as live did.
@@ -77,7 +82,6 @@ class TwinCluster(EffectHandler):
                 PoolShard(f"prefill-{n:02d}", dram_blocks, ssd_blocks, config.eviction),
                 block_size=config.block_size,
                 chunk_tokens=config.prefill_chunk_tokens,
-                on_started=self._on_prefill_started,
                 on_kv_events=self._apply_kv_events,
                 on_finished=self._on_prefill_finished,
                 host=self.host,
@@ -200,6 +204,11 @@ class TwinCluster(EffectHandler):
         self.recorder.end(request_id, outcome, self.env.now, **details)
         self._arrivals.pop(request_id, None)
         self._jobs.pop(request_id, None)
+        instance_id = self.recorder.records[request_id].prefill_instance
+        if instance_id is not None:  # ended in its prefill's line: the next one starts
+            starts = self._lines.leave(instance_id, request_id, self._waits_at(instance_id))
+            if starts is not None:
+                self._feed(ev.PrefillStarted(self.env.now, starts, instance_id))
         if self.recorder.num_terminal == self._num_requests and not self._all_done.triggered:
             self._all_done.succeed()
 
@@ -231,6 +240,8 @@ class TwinCluster(EffectHandler):
         # a request does not overtake one dispatched before it to the same instance, so a
         # burst of arrivals reaches the agent as a burst, in order, as live.
         now_s = self.env.now
+        if self._lines.join(dispatch.instance_id, dispatch.request_id):
+            self._feed(ev.PrefillStarted(now_s, dispatch.request_id, dispatch.instance_id))
         reaches_s = max(now_s + self.timing.dispatch_delay_s(), self._last_reach_s[instance])
         self._last_reach_s[instance] = reaches_s
         if reaches_s > now_s:
@@ -244,11 +255,6 @@ class TwinCluster(EffectHandler):
         yield self.env.timeout(delay_s)
         if job.request_id in self._jobs:
             instance.submit(job)
-
-    def _on_prefill_started(self, job: PrefillJob) -> None:
-        instance_id = self.recorder.records[job.request_id].prefill_instance
-        assert instance_id is not None
-        self._feed(ev.PrefillStarted(self.env.now, job.request_id, instance_id))
 
     def _on_prefill_finished(self, job: PrefillJob) -> None:
         record = self.recorder.records[job.request_id]
@@ -279,9 +285,45 @@ class TwinCluster(EffectHandler):
                     job.fetch_s,
                 )
             )
-        self._carry_out(
-            self._feed(ev.PrefillFinished(self.env.now, job.request_id, record.prefill_instance))
-        )
+        # The answer's way back to the Conductor (a live profile measures it): the core sees
+        # the prefill end, and the next in line start, when it arrives.
+        answer_s = self.timing.answer_delay_s()
+        if answer_s > 0:
+            self.env.process(self._answer_after(job, record.prefill_instance, answer_s))
+        else:
+            self._answered(job, record.prefill_instance)
+
+    def _answer_after(
+        self, job: PrefillJob, instance_id: str, delay_s: float
+    ) -> Generator[Any, Any, None]:
+        yield self.env.timeout(delay_s)
+        if job.request_id in self._jobs:
+            self._answered(job, instance_id)
+
+    def _answered(self, job: PrefillJob, instance_id: str) -> None:
+        """The prefill's answer reached the Conductor: its end (with the seconds the
+        instance worked on it, as a live agent reports them) and the next one's start."""
+        now_s = self.env.now
+        finished = ev.PrefillFinished(now_s, job.request_id, instance_id, job.worked_s)
+        effects = self._feed(finished)
+        starts = self._lines.leave(instance_id, job.request_id, self._waits_at(instance_id))
+        if starts is not None:
+            self._feed(ev.PrefillStarted(now_s, starts, instance_id))
+        self._carry_out(effects)
+
+    def _waits_at(self, instance_id: str) -> Callable[[str], bool]:
+        """Whether a request in `instance_id`'s line still waits there (not ended, not
+        moved to another instance)."""
+
+        def waits(request_id: str) -> bool:
+            record = self.recorder.records.get(request_id)
+            return (
+                request_id in self._jobs
+                and record is not None
+                and record.prefill_instance == instance_id
+            )
+
+        return waits
 
     # -- decode ---------------------------------------------------------------------------
     def _hand_to_decode(self, dispatch: DispatchDecode) -> Generator[Any, Any, None]:

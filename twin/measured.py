@@ -154,6 +154,9 @@ class MeasuredTiming:
     def dispatch_delay_s(self) -> float:
         return self.serving.dispatch_s
 
+    def answer_delay_s(self) -> float:
+        return self.serving.answer_s
+
     def first_token_delay_s(self) -> float:
         return self.serving.first_token_s
 

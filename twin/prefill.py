@@ -49,10 +49,10 @@ class PrefillInstance:
         *,
         block_size: int,
         chunk_tokens: int,
-        on_started: Callable[[PrefillJob], None],
         on_kv_events: Callable[[list[KvEvent]], None],
         on_finished: Callable[[PrefillJob], None],
         host: SharedHost | None = None,
+        on_started: Callable[[PrefillJob], None] | None = None,
     ) -> None:
         self.env = env
         self.instance_id = instance_id
@@ -96,7 +96,8 @@ class PrefillInstance:
         turns = [member.compute.request() for member in members]
         for turn in turns:  # always in group order, so two pipelined jobs cannot deadlock
             yield turn
-        self._on_started(job)
+        if self._on_started is not None:
+            self._on_started(job)
         turn_s = env.now
         if job.plan.fetch is not None and job.source is not None:
             yield from self._fetch(job)  # on the worker's turn, as live fetches

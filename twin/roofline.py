@@ -130,6 +130,9 @@ class RooflineTiming:
     def dispatch_delay_s(self) -> float:
         return 0.0
 
+    def answer_delay_s(self) -> float:
+        return 0.0
+
     def first_token_delay_s(self) -> float:
         return 0.0
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from twin.wrapped import WrappedTiming
 
-SPREAD_KEYS = ("prefill_factor", "decode_factor", "dispatch_s", "first_token_s")
+SPREAD_KEYS = ("prefill_factor", "decode_factor", "dispatch_s", "answer_s", "first_token_s")
 # decode_rate_N / prefill_rate_N: the share of a core decode steps / prefills got while N
 # agents computed (N >= 1).
 DECODE_RATE = re.compile(r"decode_rate_([1-9][0-9]*)")
@@ -163,6 +163,10 @@ class MeasuredSpread(WrappedTiming):
     def dispatch_delay_s(self) -> float:
         spread = self.spreads.get("dispatch_s")
         return spread.draw(self._random) if spread is not None else self.serving.dispatch_s
+
+    def answer_delay_s(self) -> float:
+        spread = self.spreads.get("answer_s")
+        return spread.draw(self._random) if spread is not None else self.serving.answer_s
 
     def first_token_delay_s(self) -> float:
         spread = self.spreads.get("first_token_s")

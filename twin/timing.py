@@ -85,8 +85,13 @@ class TimingModel(Protocol):
         """One request's way from arrival to its prefill agent (the serving path's)."""
         ...
 
+    def answer_delay_s(self) -> float:
+        """One prefill's answer on its way back to the Conductor (the serving path's; the
+        core sees the prefill end when it arrives)."""
+        ...
+
     def first_token_delay_s(self) -> float:
-        """One request's way from its prefill's end to its first token leaving."""
+        """One request's way from its prefill's answer to its first token leaving."""
         ...
 
 

@@ -67,5 +67,8 @@ class WrappedTiming:
     def dispatch_delay_s(self) -> float:
         return self.base.dispatch_delay_s()
 
+    def answer_delay_s(self) -> float:
+        return self.base.answer_delay_s()
+
     def first_token_delay_s(self) -> float:
         return self.base.first_token_delay_s()

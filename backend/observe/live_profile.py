@@ -242,6 +242,7 @@ def _serving(calibrator: Calibrator) -> dict[str, float]:
         "dispatch_s": serving.dispatch_s,
         "first_token_s": serving.first_token_s,
         "per_token_s": serving.per_token_s,
+        "answer_s": serving.answer_s,
     }
 
 
@@ -308,6 +309,9 @@ def _spread(
     if len(calibrator.serving) >= calibrator.config.min_serving_points:
         spread["dispatch_s"] = _quantiles([s.dispatch_s for s in calibrator.serving])
         spread["first_token_s"] = _quantiles([s.first_token_s for s in calibrator.serving])
+        answers = [s.answer_s for s in calibrator.serving if s.answer_s is not None]
+        if len(answers) >= calibrator.config.min_serving_points:
+            spread["answer_s"] = _quantiles(answers)
     if share is not None:  # the share of a core decode steps and prefills got, by busy agents
         for busy_agents, rates in share.decode_rates.items():
             if len(rates) >= MIN_POINTS_PER_RATE:

@@ -62,8 +62,10 @@ class DecodeStepSample:
 class ServingSample:
     """One completed request's serving-path costs, measured by the Conductor.
 
-    `dispatch_s`: arrival to the prefill agent's answer minus the agent's own time in it;
-    `first_token_s`: the agent's answer to the first token leaving the Conductor;
+    `dispatch_s`: arrival to the prefill agent taking the call; `answer_s`: the agent's
+    answer on its way back to the Conductor (None where the agent does not stamp its
+    answer: `dispatch_s` then holds both ways, arrival to the answer minus the agent's own
+    time); `first_token_s`: the agent's answer to the first token leaving the Conductor;
     `tbt_mean_s` over `num_gaps` streamed gaps (per-token streaming is what it adds to the
     agents' step times)."""
 
@@ -72,6 +74,7 @@ class ServingSample:
     first_token_s: float
     tbt_mean_s: float | None = None
     num_gaps: int = 0
+    answer_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,6 +214,8 @@ class Calibrator:
         decode step of the same window."""
         dispatch_s = float(np.median([s.dispatch_s for s in self.serving]))
         first_token_s = float(np.median([s.first_token_s for s in self.serving]))
+        answers = [s.answer_s for s in self.serving if s.answer_s is not None]
+        answer_s = float(np.median(answers)) if answers else 0.0
         gaps = [(s.tbt_mean_s, s.num_gaps) for s in self.serving if s.tbt_mean_s and s.num_gaps]
         per_token_s = 0.0
         if gaps and self.decode:
@@ -223,6 +228,7 @@ class Calibrator:
             dispatch_s=max(0.0, dispatch_s),
             first_token_s=max(0.0, first_token_s),
             per_token_s=per_token_s,
+            answer_s=max(0.0, answer_s),
         )
 
     # -- what it shows ------------------------------------------------------------------------

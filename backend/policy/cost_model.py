@@ -13,10 +13,13 @@ points of the real worker):
     transfer_s(tokens, backlog)= latency_s + tokens * kv_bytes_per_token / bandwidth + backlog_s
                                  (bandwidth: the pair's measured one where known,
                                  backend.policy.links)
-    serving path               = dispatch_s (arrival to the prefill agent's answer, beyond its
-                                 own work) + first_token_s (prefill's answer to the first token
-                                 leaving the Conductor) + per_token_s (each streamed gap beyond
-                                 the decode step); measured live, zero in offline profiles.
+    serving path               = dispatch_s (arrival to the prefill agent taking the call)
+                                 + answer_s (the agent's answer back to the Conductor)
+                                 + first_token_s (the answer to the first token leaving the
+                                 Conductor) + per_token_s (each streamed gap beyond the
+                                 decode step); measured live, zero in offline profiles.
+                                 A profile measured before answer_s existed holds the way
+                                 back in dispatch_s.
 
 A profile is the JSON-ready dict form of a CostModel (`to_profile` / `from_profile`). The
 twin executes with its own timing model; this is only what the policy predicts.
@@ -82,14 +85,15 @@ class LinkModel:
 class ServingFit:
     """The serving path's own costs, beyond the prefill and decode work (seconds)."""
 
-    dispatch_s: float = 0.0
-    first_token_s: float = 0.0
+    dispatch_s: float = 0.0  # arrival to the prefill agent taking the call
+    first_token_s: float = 0.0  # the agent's answer to the first token leaving
     per_token_s: float = 0.0
+    answer_s: float = 0.0  # the agent's answer on its way back to the Conductor
 
     @property
     def ttft_overhead_s(self) -> float:
         """What the path adds to a request's time to first token."""
-        return self.dispatch_s + self.first_token_s
+        return self.dispatch_s + self.answer_s + self.first_token_s
 
 
 @dataclass(frozen=True, slots=True)

@@ -75,6 +75,7 @@ class RequestStream:
     stage: str = "prefill"  # "decode" once its prefill finished
     prefill_answered_s: float | None = None  # when the prefill agent answered
     prefill_agent_s: float = 0.0  # the agent's own time in that call (queue included)
+    prefill_answer_s: float | None = None  # the answer's way back (None: not stamped)
     decode_instance_id: str | None = None  # once its decode is dispatched
     call: AgentCall | None = None  # the agent call it waits on now, cancelled with it
     num_retries: int = 0  # dispatches placed again after a hand-off failed (at most one)

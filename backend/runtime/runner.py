@@ -21,8 +21,8 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import math
 import threading
-from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent import futures
 
@@ -32,6 +32,7 @@ import grpc.aio
 from backend.policy import events as ev
 from backend.policy.calibration import Calibrator, ServingSample
 from backend.policy.effects import DispatchDecode, DispatchPrefill, Effect, Evict
+from backend.policy.lines import PrefillLines
 from backend.rpc import agent_pb2 as pb
 from backend.rpc import agent_pb2_grpc as pb_grpc
 from backend.rpc.convert import (
@@ -84,7 +85,7 @@ class RequestRunner:
         self.request_deadline_s = request_deadline_s
         self._leave = leave  # AgentRegistry.leave: blocking, so called off the loop
         self._cancel = cancel  # ConductorRuntime.cancel: ends a request its agent dropped
-        self._lines: dict[str, deque[str]] = {}  # under the state's lock
+        self._lines = PrefillLines()  # under the state's lock
         # Each line's last position handed out: the agent runs its waiting prefills in it.
         self._line_positions: dict[str, int] = {}
         # The loop's own: one channel per agent, made and closed on the loop.
@@ -136,7 +137,7 @@ class RequestRunner:
     def forget(self, instance_id: str) -> None:
         """An agent left: drop its prefill line and close the runner's channel to it."""
         with self._state.lock:
-            self._lines.pop(instance_id, None)
+            self._lines.forget(instance_id)
         if not self._loop.is_closed():
             self._loop.call_soon_threadsafe(self._close_channel, instance_id)
 
@@ -250,6 +251,7 @@ class RequestRunner:
             return
         stream.prefill_answered_s = state.clock()
         stream.prefill_agent_s = reply.timings.total_s
+        stream.prefill_answer_s = _answer_s(reply.timings, prefill, stream.prefill_answered_s)
         stream.num_reused_tokens = reply.num_reused_tokens
         stream.num_fetched_tokens = reply.num_fetched_tokens
         if reply.HasField("first_logprob"):
@@ -298,9 +300,7 @@ class RequestRunner:
     def _join_line(self, instance_id: str, request_id: str) -> tuple[Effect, ...]:
         """Queue a dispatched request at its prefill agent; it starts at once if first.
         Under the lock."""
-        line = self._lines.setdefault(instance_id, deque())
-        line.append(request_id)
-        if len(line) > 1:
+        if not self._lines.join(instance_id, request_id):
             return ()
         return self._state.core.handle(
             ev.PrefillStarted(self._state.clock(), request_id, instance_id)
@@ -309,25 +309,22 @@ class RequestRunner:
     def _leave_line(self, instance_id: str, request_id: str) -> tuple[Effect, ...]:
         """The request's prefill ended (answered or failed): the next live one in its agent's
         line starts. Under the lock."""
-        line = self._lines.get(instance_id)
-        if not line or request_id not in line:
-            return ()
-        was_first = line[0] == request_id
-        line.remove(request_id)
         requests = self._state.requests
-        while was_first and line:
-            head = requests.get(line[0])
+
+        def is_waiting(waiting_id: str) -> bool:  # not ended or re-routed meanwhile
+            head = requests.get(waiting_id)
             dispatch = head.dispatch if head is not None else None
-            if head is None or head.is_finished or dispatch is None:
-                line.popleft()  # ended meanwhile
-                continue
-            if dispatch.instance_id != instance_id:
-                line.popleft()  # re-routed meanwhile
-                continue
-            return self._state.core.handle(
-                ev.PrefillStarted(self._state.clock(), line[0], instance_id)
+            return (
+                head is not None
+                and not head.is_finished
+                and dispatch is not None
+                and dispatch.instance_id == instance_id
             )
-        return ()
+
+        starts = self._lines.leave(instance_id, request_id, is_waiting)
+        if starts is None:
+            return ()
+        return self._state.core.handle(ev.PrefillStarted(self._state.clock(), starts, instance_id))
 
     async def _run_decode(
         self, stream: RequestStream, effect: DispatchDecode, first_token: int
@@ -471,17 +468,33 @@ class RequestRunner:
         return True
 
 
+def _answer_s(timings: pb.PrefillTimings, agent: AgentInfo, answered_s: float) -> float | None:
+    """The prefill agent's answer on its way back: our clock on receipt minus the agent's
+    stamp as it answered, in our clock (its heartbeats' offset); None where it does not
+    stamp or has not sent a heartbeat yet."""
+    if timings.replied_unix_s <= 0 or not math.isfinite(agent.clock_offset_s):
+        return None
+    return max(0.0, answered_s - (timings.replied_unix_s + agent.clock_offset_s))
+
+
 def _serving_sample(stream: RequestStream, first_s: float, now_s: float) -> ServingSample | None:
-    """What the serving path cost this completed request, beyond the agents' own work."""
+    """What the serving path cost this completed request, beyond the agents' own work:
+    both ways to and from its prefill agent (split where the agent stamped its answer) and
+    the first token's way out."""
     if stream.prefill_answered_s is None:
         return None
     tbt = stream.tbt_s()
+    both_ways_s = max(0.0, stream.prefill_answered_s - stream.arrival_s - stream.prefill_agent_s)
+    answer_s = stream.prefill_answer_s
+    if answer_s is not None:
+        answer_s = min(answer_s, both_ways_s)
     return ServingSample(
         time_s=now_s,
-        dispatch_s=max(0.0, stream.prefill_answered_s - stream.arrival_s - stream.prefill_agent_s),
+        dispatch_s=both_ways_s - (answer_s or 0.0),
         first_token_s=max(0.0, first_s - stream.prefill_answered_s),
         tbt_mean_s=tbt[0] if tbt else None,
         num_gaps=max(0, len(stream.token_times_s) - 1),
+        answer_s=answer_s,
     )
 
 

@@ -79,7 +79,8 @@ def calibration_panel() -> None:
     serving = believed.get("serving", {})
     st.caption(
         f"Believed: {believed['name']}; serving path: dispatch "
-        f"{fmt.seconds(serving.get('dispatch_s'))}, first token "
+        f"{fmt.seconds(serving.get('dispatch_s'))}, answer back "
+        f"{fmt.seconds(serving.get('answer_s'))}, first token "
         f"{fmt.seconds(serving.get('first_token_s'))}, per token "
         f"{fmt.seconds(serving.get('per_token_s'))}"
         + ("" if calibration["enabled"] else "; calibration is off (measured, not applied)")

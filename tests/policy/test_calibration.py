@@ -158,3 +158,22 @@ def test_a_part_kept_for_too_few_points_is_due_as_soon_as_it_has_them() -> None:
     calibrator.add_decode(decode)
     assert calibrator.is_due(3.0) and "decode" in calibrator.refit(3.0).updated
     assert calibrator.waiting == () and not calibrator.is_due(12.0) and calibrator.is_due(13.0)
+
+
+def test_the_answer_s_way_back_is_its_own_term_of_the_ttft_overhead() -> None:
+    """Samples that split the way to and from the prefill agent give each its median, and
+    admission's TTFT overhead counts both; samples without the split (an agent that does not
+    stamp its answer) hold both ways in `dispatch_s`, as before."""
+    config = CalibrationConfig()
+    calibrator = Calibrator(BASE, config)
+    calibrator.add_serving(
+        ServingSample(float(i), 0.02, 0.01, answer_s=0.015)
+        for i in range(config.min_serving_points)
+    )
+    serving = calibrator.refit(1.0).cost.serving
+    assert (serving.dispatch_s, serving.answer_s, serving.first_token_s) == (0.02, 0.015, 0.01)
+    assert serving.ttft_overhead_s == pytest.approx(0.045)
+    old = Calibrator(BASE, config)
+    old.add_serving(ServingSample(float(i), 0.035, 0.01) for i in range(config.min_serving_points))
+    serving = old.refit(1.0).cost.serving
+    assert serving.answer_s == 0.0 and serving.ttft_overhead_s == pytest.approx(0.045)

@@ -102,6 +102,12 @@ def test_calibration_converges_on_real_agents_and_survives_a_restart(tmp_path) -
         window = runtime.calibrator.snapshot()
         for sample in [*window.prefill, *window.decode]:
             assert sample.cpu_s is not None and 0 < sample.cpu_s <= sample.seconds, sample
+        # The serving path to and from the prefill agent, split where the agent stamped its
+        # answer (every answer after its first heartbeat gave the Conductor its clock).
+        answers = [s.answer_s for s in window.serving if s.answer_s is not None]
+        assert len(answers) >= len(window.serving) - 2 and answers, window.serving
+        assert all(0.0 <= a < 1.0 for a in answers)
+        assert all(s.dispatch_s >= 0.0 for s in window.serving)
     calibrated = runtime.core.cost  # as the stopped Conductor last saved it
     restarted = start_conductor(settings, profile=wrong)
     try:

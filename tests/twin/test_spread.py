@@ -287,3 +287,68 @@ def test_a_pause_is_drawn_at_the_nearest_count_measured_and_lengthened_beyond() 
     assert between.decode_pause_s(2) == pytest.approx(0.002)  # measured beyond: not scaled
     with pytest.raises(ValueError, match="decode_pause_x"):
         read_spread({"spread": {"decode_pause_x": [0.1, 0.2]}})
+
+
+def test_the_answer_s_way_back_comes_after_the_prefill_and_moves_the_line(tmp_path) -> None:
+    """A prefill agent's answer reaches the Conductor a measured while after the prefill
+    (`spread.answer_s`): the request's first token waits for it, and the core sees the
+    prefill end, and the next one in the instance's line start, when it arrives, as the live
+    runtime's line (backend/policy/lines.py) has them; the instance itself takes the next
+    one up at once."""
+    from backend.traces.arrivals import arrivals_from_rows
+    from backend.traces.loader import TraceRow
+    from twin.cluster import TwinCluster
+    from twin.config import TwinConfig
+    from twin.run import believed_cost_model
+
+    agents = [
+        Join(0, "p0", "prefill", "", "", "tcp", "tiny", 16, 10**6, 10**9, 0),
+        Join(0, "d0", "decode", "", "", "tcp", "tiny", 16, 5 * 10**5, 10**9, 0),
+    ]
+    calibrator = _calibrator()
+    calibrator.add_serving(ServingSample(0.0, 0.01, 0.0, answer_s=0.2) for _ in range(50))
+    profile = live_profile(calibrator, agents)
+    spread = profile["spread"]
+    assert spread["answer_s"] == [0.2] * len(spread["answer_s"])
+    # Constant draws, so the times below are exact.
+    for key in ("prefill_factor", "decode_factor"):
+        spread[key] = [1.0] * len(spread[key])
+    spread["dispatch_s"] = [0.01] * len(spread["dispatch_s"])
+    spread["first_token_s"] = [0.0] * len(spread["first_token_s"])
+    path = tmp_path / "live.json"
+    path.write_text(json.dumps(profile))
+    config = TwinConfig(num_prefill=1, num_decode=1, profile=str(path), rejection="none")
+    timing = load_timing(str(path), seed=1)
+    cluster = TwinCluster(
+        config,
+        timing,
+        believed_cost_model(str(path), config.block_size),
+        dram_blocks=1000,
+        ssd_blocks=0,
+        decode_kv_capacity_tokens=10**6,
+    )
+    seen = []
+    handle = cluster.core.handle
+
+    def spy(event):
+        seen.append(event)
+        return handle(event)
+
+    cluster.core.handle = spy  # type: ignore[method-assign]
+    rows = [TraceRow(0, 300, 4, (), 1), TraceRow(0, 300, 4, (), 2)]  # both at once
+    cluster.run(arrivals_from_rows(rows, block_size=config.block_size, speed=1.0))
+    fed = [(type(e).__name__, getattr(e, "request_id", None), e.now_s, e) for e in seen]
+    started = {rid: t for name, rid, t, _ in fed if name == "PrefillStarted"}
+    finished = {rid: (t, e) for name, rid, t, e in fed if name == "PrefillFinished"}
+    first, second = sorted(started, key=started.get)
+    # The first starts as it is dispatched to the empty line, before it reaches the agent.
+    assert started[first] == 0.0
+    prefill_s = finished[first][1].took_s  # the seconds the instance worked on it
+    assert prefill_s == pytest.approx(timing.prefill_s(300, 0))
+    # Its end reaches the core 0.2 s after the prefill, and the second starts with it.
+    assert finished[first][0] == pytest.approx(0.01 + prefill_s + 0.2)
+    assert started[second] == finished[first][0]
+    # The instance took the second up at once: its answer is one prefill later.
+    assert finished[second][0] == pytest.approx(0.01 + 2 * prefill_s + 0.2)
+    ttfts = {r.id: r.ttft_s for r in cluster.recorder.records.values()}
+    assert ttfts[first] == pytest.approx(0.01 + prefill_s + 0.2, abs=1e-3)  # + the KV's way
