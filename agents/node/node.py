@@ -296,6 +296,9 @@ class NodeAgent:
                 "store_s": store_s,
                 "handoff_s": handoff_s,
                 "total_s": queue_s + time.perf_counter() - started_s,
+                # Its wall clock as its work on the prefill ended: all after it (the events'
+                # flush, the answer, its way back) is the answer's way to the Conductor.
+                "ended_unix_s": time.time(),
                 # This thread does all of the work above (loads and stores run inline).
                 "cpu_s": time.thread_time() - started_cpu_s,
             },

@@ -109,7 +109,7 @@ class AgentService(pb_grpc.AgentServicer):
             num_fetched_tokens=outcome.num_fetched_tokens,
             recomputed_keys=outcome.recomputed_keys,
             stored_keys=outcome.stored_keys,
-            timings=pb.PrefillTimings(**outcome.timings, replied_unix_s=time.time()),
+            timings=pb.PrefillTimings(**outcome.timings),
             events=kv_events_to_proto(outcome.events),
             handed_off=outcome.handed_off,
             logits=outcome.logits.tolist() if outcome.logits is not None else (),

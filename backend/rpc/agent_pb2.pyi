@@ -118,7 +118,7 @@ class DispatchPrefillRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., plan: _Optional[_Union[CachePlan, _Mapping]] = ..., replicate: _Optional[bool] = ..., decode_instance_id: _Optional[str] = ..., decode_data_address: _Optional[str] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., return_logits: _Optional[bool] = ..., line_position: _Optional[int] = ...) -> None: ...
 
 class PrefillTimings(_message.Message):
-    __slots__ = ("queue_s", "load_s", "fetch_s", "compute_s", "load_wait_s", "store_wait_s", "store_s", "handoff_s", "total_s", "cpu_s", "replied_unix_s")
+    __slots__ = ("queue_s", "load_s", "fetch_s", "compute_s", "load_wait_s", "store_wait_s", "store_s", "handoff_s", "total_s", "cpu_s", "ended_unix_s")
     QUEUE_S_FIELD_NUMBER: _ClassVar[int]
     LOAD_S_FIELD_NUMBER: _ClassVar[int]
     FETCH_S_FIELD_NUMBER: _ClassVar[int]
@@ -129,7 +129,7 @@ class PrefillTimings(_message.Message):
     HANDOFF_S_FIELD_NUMBER: _ClassVar[int]
     TOTAL_S_FIELD_NUMBER: _ClassVar[int]
     CPU_S_FIELD_NUMBER: _ClassVar[int]
-    REPLIED_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    ENDED_UNIX_S_FIELD_NUMBER: _ClassVar[int]
     queue_s: float
     load_s: float
     fetch_s: float
@@ -140,8 +140,8 @@ class PrefillTimings(_message.Message):
     handoff_s: float
     total_s: float
     cpu_s: float
-    replied_unix_s: float
-    def __init__(self, queue_s: _Optional[float] = ..., load_s: _Optional[float] = ..., fetch_s: _Optional[float] = ..., compute_s: _Optional[float] = ..., load_wait_s: _Optional[float] = ..., store_wait_s: _Optional[float] = ..., store_s: _Optional[float] = ..., handoff_s: _Optional[float] = ..., total_s: _Optional[float] = ..., cpu_s: _Optional[float] = ..., replied_unix_s: _Optional[float] = ...) -> None: ...
+    ended_unix_s: float
+    def __init__(self, queue_s: _Optional[float] = ..., load_s: _Optional[float] = ..., fetch_s: _Optional[float] = ..., compute_s: _Optional[float] = ..., load_wait_s: _Optional[float] = ..., store_wait_s: _Optional[float] = ..., store_s: _Optional[float] = ..., handoff_s: _Optional[float] = ..., total_s: _Optional[float] = ..., cpu_s: _Optional[float] = ..., ended_unix_s: _Optional[float] = ...) -> None: ...
 
 class DispatchPrefillReply(_message.Message):
     __slots__ = ("request_id", "instance_id", "first_token", "num_tokens", "num_reused_tokens", "num_fetched_tokens", "recomputed_keys", "stored_keys", "timings", "events", "handed_off", "logits", "first_logprob", "first_top_logprobs")

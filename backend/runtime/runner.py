@@ -470,11 +470,11 @@ class RequestRunner:
 
 def _answer_s(timings: pb.PrefillTimings, agent: AgentInfo, answered_s: float) -> float | None:
     """The prefill agent's answer on its way back: our clock on receipt minus the agent's
-    stamp as it answered, in our clock (its heartbeats' offset); None where it does not
-    stamp or has not sent a heartbeat yet."""
-    if timings.replied_unix_s <= 0 or not math.isfinite(agent.clock_offset_s):
+    stamp as its work on the prefill ended, in our clock (its heartbeats' offset); None
+    where it does not stamp or has not sent a heartbeat yet."""
+    if timings.ended_unix_s <= 0 or not math.isfinite(agent.clock_offset_s):
         return None
-    return max(0.0, answered_s - (timings.replied_unix_s + agent.clock_offset_s))
+    return max(0.0, answered_s - (timings.ended_unix_s + agent.clock_offset_s))
 
 
 def _serving_sample(stream: RequestStream, first_s: float, now_s: float) -> ServingSample | None:
