@@ -7,7 +7,7 @@ is the policy's `check_decode_arrival`.
 """
 
 from collections import defaultdict
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Generator, Sequence
 from typing import Any
 
 import simpy
@@ -206,9 +206,7 @@ class TwinCluster(EffectHandler):
         self._jobs.pop(request_id, None)
         instance_id = self.recorder.records[request_id].prefill_instance
         if instance_id is not None:  # ended in its prefill's line: the next one starts
-            starts = self._lines.leave(instance_id, request_id, self._waits_at(instance_id))
-            if starts is not None:
-                self._feed(ev.PrefillStarted(self.env.now, starts, instance_id))
+            self._carry_out(self._leave_line(instance_id, request_id))
         if self.recorder.num_terminal == self._num_requests and not self._all_done.triggered:
             self._all_done.succeed()
 
@@ -241,7 +239,9 @@ class TwinCluster(EffectHandler):
         # burst of arrivals reaches the agent as a burst, in order, as live.
         now_s = self.env.now
         if self._lines.join(dispatch.instance_id, dispatch.request_id):
-            self._feed(ev.PrefillStarted(now_s, dispatch.request_id, dispatch.instance_id))
+            self._carry_out(
+                self._feed(ev.PrefillStarted(now_s, dispatch.request_id, dispatch.instance_id))
+            )
         reaches_s = max(now_s + self.timing.dispatch_delay_s(), self._last_reach_s[instance])
         self._last_reach_s[instance] = reaches_s
         if reaches_s > now_s:
@@ -305,25 +305,24 @@ class TwinCluster(EffectHandler):
         instance worked on it, as a live agent reports them) and the next one's start."""
         now_s = self.env.now
         finished = ev.PrefillFinished(now_s, job.request_id, instance_id, job.worked_s)
-        effects = self._feed(finished)
-        starts = self._lines.leave(instance_id, job.request_id, self._waits_at(instance_id))
-        if starts is not None:
-            self._feed(ev.PrefillStarted(now_s, starts, instance_id))
-        self._carry_out(effects)
+        self._carry_out((*self._feed(finished), *self._leave_line(instance_id, job.request_id)))
 
-    def _waits_at(self, instance_id: str) -> Callable[[str], bool]:
-        """Whether a request in `instance_id`'s line still waits there (not ended, not
-        moved to another instance)."""
+    def _leave_line(self, instance_id: str, request_id: str) -> tuple[Effect, ...]:
+        """The request left its prefill's line (answered or ended): the next one still
+        waiting there (not ended, not moved to another instance) starts."""
 
-        def waits(request_id: str) -> bool:
-            record = self.recorder.records.get(request_id)
+        def waits(waiting_id: str) -> bool:
+            record = self.recorder.records.get(waiting_id)
             return (
-                request_id in self._jobs
+                waiting_id in self._jobs
                 and record is not None
                 and record.prefill_instance == instance_id
             )
 
-        return waits
+        starts = self._lines.leave(instance_id, request_id, waits)
+        if starts is None:
+            return ()
+        return self._feed(ev.PrefillStarted(self.env.now, starts, instance_id))
 
     # -- decode ---------------------------------------------------------------------------
     def _hand_to_decode(self, dispatch: DispatchDecode) -> Generator[Any, Any, None]:
