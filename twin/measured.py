@@ -142,7 +142,7 @@ class MeasuredTiming:
         (twin/spread.py)."""
         return None
 
-    def prefill_share(self) -> Callable[[int], float] | None:
+    def prefill_share(self, solo_s: float = 0.0) -> Callable[[int], float] | None:
         """Processor sharing's, as `decode_share`."""
         return None
 
@@ -159,6 +159,9 @@ class MeasuredTiming:
 
     def first_token_delay_s(self) -> float:
         return self.serving.first_token_s
+
+    def handover_delay_s(self) -> float:
+        return self.serving.handover_s
 
     @classmethod
     def from_profile(cls, data: Mapping[str, Any]) -> "MeasuredTiming":

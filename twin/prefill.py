@@ -1,12 +1,14 @@
 """PrefillInstance: a prefill node of the twin, its compute, its outgoing link, its shard.
 
-A job waits its turn on the instance's worker (FIFO). Holding it, as a live agent holds its
-prefill worker, it fetches the blocks its cache plan names over the holder's outgoing link
-(one transfer's bytes at a time, so a hot holder congests), then computes; the next job
-starts after both. Reused KV is loaded layer by layer while computing, so the compute
-lasts max(compute, load). Long prompts in a chunked-pipeline group hold every member of
-the group and run chunk by chunk through its stages. The prompt's KV goes to the decode
-side afterwards (the cluster sends it over this instance's link, `send`).
+A job waits its turn on the instance's worker (FIFO); one that waited behind another starts
+after the line's hand-over (`handover_delay_s`, as a live agent's thread is woken). Holding
+the worker, as a live agent holds its prefill worker, it fetches the blocks its cache plan
+names over the holder's outgoing link (one transfer's bytes at a time, so a hot holder
+congests), then computes; the next job starts after both. Reused KV is loaded layer by
+layer while computing, so the compute lasts max(compute, load). Long prompts in a
+chunked-pipeline group hold every member of the group and run chunk by chunk through its
+stages. The prompt's KV goes to the decode side afterwards (the cluster sends it over this
+instance's link, `send`).
 """
 
 import math
@@ -94,8 +96,11 @@ class PrefillInstance:
         is_pipelined = len(self.group) > 1 and job.input_tokens > self.chunk_tokens
         members = self.group if is_pipelined else [self]
         turns = [member.compute.request() for member in members]
+        waited = not all(turn.triggered for turn in turns)  # behind another job
         for turn in turns:  # always in group order, so two pipelined jobs cannot deadlock
             yield turn
+        if waited:  # the worker handed on from the job ahead, as a live agent's line does
+            yield env.timeout(self.timing.handover_delay_s())
         if self._on_started is not None:
             self._on_started(job)
         turn_s = env.now
@@ -106,7 +111,7 @@ class PrefillInstance:
         if self.host is None:
             yield env.timeout(solo_s)
         else:  # slowed while other instances compute on the same host
-            yield from self.host.run(solo_s, self.timing.prefill_share())
+            yield from self.host.run(solo_s, self.timing.prefill_share(solo_s))
         job.compute_s = env.now - started_s
         job.worked_s = env.now - turn_s
         for member, turn in zip(members, turns, strict=True):

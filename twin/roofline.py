@@ -121,7 +121,7 @@ class RooflineTiming:
     def decode_share(self) -> Callable[[int], float] | None:
         return None
 
-    def prefill_share(self) -> Callable[[int], float] | None:
+    def prefill_share(self, solo_s: float = 0.0) -> Callable[[int], float] | None:
         return None
 
     def decode_pause_s(self, num_busy: int) -> float | None:
@@ -134,6 +134,9 @@ class RooflineTiming:
         return 0.0
 
     def first_token_delay_s(self) -> float:
+        return 0.0
+
+    def handover_delay_s(self) -> float:
         return 0.0
 
     @property

@@ -18,15 +18,25 @@ from typing import Any
 
 from twin.wrapped import WrappedTiming
 
-SPREAD_KEYS = ("prefill_factor", "decode_factor", "dispatch_s", "answer_s", "first_token_s")
+SPREAD_KEYS = (
+    "prefill_factor",
+    "decode_factor",
+    "dispatch_s",
+    "answer_s",
+    "first_token_s",
+    "handover_s",
+)
 # decode_rate_N / prefill_rate_N: the share of a core decode steps / prefills got while N
 # agents computed (N >= 1).
 DECODE_RATE = re.compile(r"decode_rate_([1-9][0-9]*)")
 PREFILL_RATE = re.compile(r"prefill_rate_([1-9][0-9]*)")
+# prefill_rate_N_from_Xms: the same of the prefills of X ms of CPU or more (up to the next
+# class's X); prefill_rate_N is then that of the shortest.
+PREFILL_RATE_FROM = re.compile(r"prefill_rate_([1-9][0-9]*)_from_([0-9]+(?:\.[0-9]+)?)ms")
 # decode_pause_N: the decode loop's pause between two steps of a batch, in seconds, while N
 # other agents computed (N >= 0).
 DECODE_PAUSE = re.compile(r"decode_pause_(0|[1-9][0-9]*)")
-_BY_COUNT = (DECODE_RATE, PREFILL_RATE, DECODE_PAUSE)
+_BY_COUNT = (DECODE_RATE, PREFILL_RATE, PREFILL_RATE_FROM, DECODE_PAUSE)
 
 
 class Quantiles:
@@ -83,7 +93,8 @@ class MeasuredSpread(WrappedTiming):
         self.spreads = dict(spreads)
         self._random = random.Random(seed)
         self._decode_rates = _by_count(self.spreads, DECODE_RATE)
-        self._prefill_rates = _by_count(self.spreads, PREFILL_RATE)
+        # By the shortest CPU seconds of each length class: the rates by busy count.
+        self._prefill_classes = _prefill_classes(self.spreads)
         self._decode_pauses = _by_count(self.spreads, DECODE_PAUSE)
 
     @property
@@ -127,16 +138,20 @@ class MeasuredSpread(WrappedTiming):
         quantile = self._random.random()
         return lambda num_busy: _rate_at(measured, num_busy, quantile)
 
-    def prefill_share(self) -> Callable[[int], float] | None:
+    def prefill_share(self, solo_s: float = 0.0) -> Callable[[int], float] | None:
         """One prefill's share of a core by busy agents, as `decode_share` reads it, at one
         quantile drawn for the whole prefill (a prefill keeps its luck with the scheduler:
         live's short ones got a core at once or waited, 1.2x to 4.3x their CPU time at one
-        count), whatever its length: the live profile's quantiles weight each prefill by its
+        count), from the rates of the prefills of its length class (its `solo_s`) where
+        the profile has classes: the live profile's quantiles weight each prefill by its
         CPU seconds, so the work gets the luck live's work had
-        (backend/observe/host_share.py: prefill_rates_by_busy); None when none was measured."""
-        measured = self._prefill_rates
-        if not measured:
+        (backend/observe/host_share.py: prefill_rates_by_length); None when none was
+        measured."""
+        classes = self._prefill_classes
+        if not classes:
             return None
+        below = [from_s for from_s in classes if from_s <= solo_s]
+        measured = classes[max(below) if below else min(classes)]
         quantile = self._random.random()
         return lambda num_busy: _rate_at(measured, num_busy, quantile)
 
@@ -172,6 +187,10 @@ class MeasuredSpread(WrappedTiming):
         spread = self.spreads.get("first_token_s")
         return spread.draw(self._random) if spread is not None else self.serving.first_token_s
 
+    def handover_delay_s(self) -> float:
+        spread = self.spreads.get("handover_s")
+        return spread.draw(self._random) if spread is not None else self.serving.handover_s
+
 
 def _by_count(spreads: Mapping[str, Quantiles], pattern: re.Pattern[str]) -> dict[int, Quantiles]:
     return {
@@ -179,6 +198,19 @@ def _by_count(spreads: Mapping[str, Quantiles], pattern: re.Pattern[str]) -> dic
         for key, quantiles in spreads.items()
         if (match := pattern.fullmatch(key))
     }
+
+
+def _prefill_classes(spreads: Mapping[str, Quantiles]) -> dict[float, dict[int, Quantiles]]:
+    """The prefill rates by busy count of each length class, by its shortest CPU seconds
+    (prefill_rate_N: from 0)."""
+    classes: dict[float, dict[int, Quantiles]] = {}
+    for key, quantiles in spreads.items():
+        if match := PREFILL_RATE.fullmatch(key):
+            classes.setdefault(0.0, {})[int(match.group(1))] = quantiles
+        elif match := PREFILL_RATE_FROM.fullmatch(key):
+            from_s = float(match.group(2)) / 1000.0
+            classes.setdefault(from_s, {})[int(match.group(1))] = quantiles
+    return classes
 
 
 def _rate_at(measured: Mapping[int, Quantiles], num_busy: int, quantile: float) -> float:

@@ -68,9 +68,10 @@ class TimingModel(Protocol):
         constant batch; None: processor sharing's."""
         ...
 
-    def prefill_share(self) -> Callable[[int], float] | None:
+    def prefill_share(self, solo_s: float = 0.0) -> Callable[[int], float] | None:
         """On a shared host, one prefill's share of a core by the number of agents
-        computing, its place in a live profile's measured spread drawn once per prefill;
+        computing, its place in a live profile's measured spread drawn once per prefill
+        (of `solo_s` seconds alone: its length class's where the profile has classes);
         None: processor sharing's."""
         ...
 
@@ -92,6 +93,11 @@ class TimingModel(Protocol):
 
     def first_token_delay_s(self) -> float:
         """One request's way from its prefill's answer to its first token leaving."""
+        ...
+
+    def handover_delay_s(self) -> float:
+        """A prefill agent's worker going from one prefill to the next one waiting (the
+        line's hand-over, a live profile measures it)."""
         ...
 
 

@@ -58,8 +58,8 @@ class WrappedTiming:
     def decode_share(self) -> Callable[[int], float] | None:
         return self.base.decode_share()
 
-    def prefill_share(self) -> Callable[[int], float] | None:
-        return self.base.prefill_share()
+    def prefill_share(self, solo_s: float = 0.0) -> Callable[[int], float] | None:
+        return self.base.prefill_share(solo_s)
 
     def decode_pause_s(self, num_busy: int) -> float | None:
         return self.base.decode_pause_s(num_busy)
@@ -72,3 +72,6 @@ class WrappedTiming:
 
     def first_token_delay_s(self) -> float:
         return self.base.first_token_delay_s()
+
+    def handover_delay_s(self) -> float:
+        return self.base.handover_delay_s()

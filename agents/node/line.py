@@ -15,8 +15,20 @@ equal positions, so requests without one are served first come first served).
 import heapq
 import itertools
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class Turn:
+    """A prefill's turn on the worker. `handover_s`: from the prefill ahead letting the
+    worker go to this one holding it, where this one waited for it (the line's hand-over:
+    a waiting thread woken on a busy host, time no prefill's measured seconds hold); None
+    where it found the worker free."""
+
+    handover_s: float | None = None
 
 
 class PrefillLine:
@@ -27,22 +39,29 @@ class PrefillLine:
         self._busy = False
         self._waiting: list[tuple[int, int]] = []  # (position, arrival): a heap
         self._arrivals = itertools.count()
+        self._released_s = 0.0  # when the worker was last let go (time.perf_counter)
 
     @contextmanager
-    def turn(self, position: int = 0) -> Iterator[None]:
+    def turn(self, position: int = 0) -> Iterator[Turn]:
         """Wait until no prefill runs and none waiting has a lower position, then run."""
+        turn = Turn()
         with self._changed:
             ticket = (position, next(self._arrivals))
             heapq.heappush(self._waiting, ticket)
+            waited = False
             while self._busy or self._waiting[0] != ticket:
+                waited = True
                 self._changed.wait()
             heapq.heappop(self._waiting)
             self._busy = True
+            if waited:
+                turn.handover_s = max(0.0, time.perf_counter() - self._released_s)
         try:
-            yield
+            yield turn
         finally:
             with self._changed:
                 self._busy = False
+                self._released_s = time.perf_counter()
                 self._changed.notify_all()
 
     @property

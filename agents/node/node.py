@@ -184,7 +184,7 @@ class NodeAgent:
                 self._queued_tokens += tokens.size
             queued_s = time.perf_counter()
             try:
-                with self._prefill_line.turn(line_position):
+                with self._prefill_line.turn(line_position) as turn:
                     with self._state:
                         self._num_prefill_queued -= 1
                         self._num_prefill_running += 1
@@ -196,7 +196,7 @@ class NodeAgent:
                             decode_address, sampling, return_logits,
                             time.perf_counter() - queued_s,
                         )  # fmt: skip
-                        self._measured(outcome)
+                        self._measured(outcome, turn.handover_s)
                         return outcome
                     finally:
                         with self._state:
@@ -307,8 +307,9 @@ class NodeAgent:
             first_logprob=first_logprob,
         )
 
-    def _measured(self, outcome: PrefillOutcome) -> None:
-        """Keep the prefill's measurement for the Conductor's calibration."""
+    def _measured(self, outcome: PrefillOutcome, handover_s: float | None) -> None:
+        """Keep the prefill's measurement for the Conductor's calibration (`handover_s`:
+        the line's hand-over to it, None where it found the worker free)."""
         timings = outcome.timings
         sample = PrefillSample(
             time_s=time.time(),
@@ -319,6 +320,7 @@ class NodeAgent:
             fetched_tokens=outcome.num_fetched_tokens,
             cpu_s=min(timings["cpu_s"], timings["total_s"] - timings["queue_s"]),
             fetch_s=timings["fetch_s"],
+            handover_s=handover_s,
         )
         with self._state:
             self._prefill_samples.append(sample)

@@ -28,7 +28,13 @@ from typing import Any
 
 import numpy as np
 
-from backend.observe.host_share import NUM_QUANTILES, HostShare, host_share, weighted_quantiles
+from backend.observe.host_share import (
+    NUM_QUANTILES,
+    HostShare,
+    PrefillClass,
+    host_share,
+    weighted_quantiles,
+)
 from backend.policy.calibration import Calibrator, DecodeStepSample, PrefillSample
 from backend.policy.cost_model import (
     PROFILE_FORMAT,
@@ -243,6 +249,7 @@ def _serving(calibrator: Calibrator) -> dict[str, float]:
         "first_token_s": serving.first_token_s,
         "per_token_s": serving.per_token_s,
         "answer_s": serving.answer_s,
+        "handover_s": serving.handover_s,
     }
 
 
@@ -312,18 +319,40 @@ def _spread(
         answers = [s.answer_s for s in calibrator.serving if s.answer_s is not None]
         if len(answers) >= calibrator.config.min_serving_points:
             spread["answer_s"] = _quantiles(answers)
+    handovers = [s.handover_s for s in calibrator.prefill if s.handover_s is not None]
+    if len(handovers) >= calibrator.config.min_serving_points:
+        spread["handover_s"] = _quantiles(handovers)
     if share is not None:  # the share of a core decode steps and prefills got, by busy agents
         for busy_agents, rates in share.decode_rates.items():
             if len(rates) >= MIN_POINTS_PER_RATE:
                 spread[f"decode_rate_{busy_agents}"] = _quantiles(list(rates))
-        for busy_agents, rates in share.prefill_rates.items():
-            if len(rates) >= MIN_POINTS_PER_RATE:
-                # weighted by each prefill's work (host_share.prefill_rates_by_busy)
-                weights = share.prefill_rate_weights
-                spread[f"prefill_rate_{busy_agents}"] = _quantiles(list(rates), weights)
+        spread |= _prefill_rates(share)
         for others_busy, pauses in share.decode_pauses.items():
             if len(pauses) >= MIN_POINTS_PER_RATE:
                 spread[f"decode_pause_{others_busy}"] = _quantiles(list(pauses))
+    return spread
+
+
+def _prefill_rates(share: HostShare) -> dict[str, list[float]]:
+    """The prefills' shares of a core by busy count, weighted by each prefill's work
+    (host_share.prefill_rates_by_busy): `prefill_rate_N` of all prefills, or, where the
+    window held enough to tell lengths apart, of the shortest class, and
+    `prefill_rate_N_from_Xms` of the prefills of X ms of CPU or more
+    (host_share.prefill_rates_by_length)."""
+    classes = [
+        c for c in share.prefill_classes if min(map(len, c.rates.values())) >= MIN_POINTS_PER_RATE
+    ]
+    if len(classes) < 2 or classes[0].from_s > 0:
+        classes = [PrefillClass(0.0, share.prefill_rates, share.prefill_rate_weights)]
+    spread = {}
+    for prefill_class in classes:
+        from_ms = round(prefill_class.from_s * 1000.0, 1)
+        suffix = f"_from_{from_ms:g}ms" if from_ms > 0 else ""
+        for busy_agents, rates in prefill_class.rates.items():
+            if len(rates) >= MIN_POINTS_PER_RATE:
+                spread[f"prefill_rate_{busy_agents}{suffix}"] = _quantiles(
+                    list(rates), prefill_class.weights
+                )
     return spread
 
 

@@ -31,7 +31,10 @@ class PrefillSample:
     what requests queued behind it wait for. `cpu_s`: the CPU time its thread got in those
     seconds, about what it would take alone on the host (None where not measured).
     `fetch_s`: of `seconds`, those spent fetching the `fetched_tokens` from another
-    instance (what the live profile's link is fitted from)."""
+    instance (what the live profile's link is fitted from). `handover_s`: where it waited
+    behind another prefill, from that one letting the worker go to this one holding it
+    (agents/node/line.py), time neither prefill's `seconds` holds; None where it found the
+    worker free or the agent does not measure it."""
 
     time_s: float
     input_tokens: int
@@ -41,6 +44,7 @@ class PrefillSample:
     fetched_tokens: int = 0
     cpu_s: float | None = None
     fetch_s: float = 0.0
+    handover_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,11 +215,17 @@ class Calibrator:
 
     def _serving_fit(self) -> ServingFit:
         """Medians of the per-request costs; per token: the mean streamed gap beyond the mean
-        decode step of the same window."""
+        decode step of the same window; the prefill line's mean hand-over."""
         dispatch_s = float(np.median([s.dispatch_s for s in self.serving]))
         first_token_s = float(np.median([s.first_token_s for s in self.serving]))
         answers = [s.answer_s for s in self.serving if s.answer_s is not None]
         answer_s = float(np.median(answers)) if answers else 0.0
+        # A mean, not a median: the queue estimate adds one per request ahead, so the long
+        # ones (a thread woken late) count at their share.
+        handovers = [s.handover_s for s in self.prefill if s.handover_s is not None]
+        handover_s = self.cost.serving.handover_s  # kept until enough were measured
+        if len(handovers) >= self.config.min_serving_points:
+            handover_s = float(np.mean(handovers))
         gaps = [(s.tbt_mean_s, s.num_gaps) for s in self.serving if s.tbt_mean_s and s.num_gaps]
         per_token_s = 0.0
         if gaps and self.decode:
@@ -229,6 +239,7 @@ class Calibrator:
             first_token_s=max(0.0, first_token_s),
             per_token_s=per_token_s,
             answer_s=max(0.0, answer_s),
+            handover_s=max(0.0, handover_s),
         )
 
     # -- what it shows ------------------------------------------------------------------------

@@ -74,15 +74,18 @@ class PrefillState:
                 pace = max(pace, min(MAX_PACE, if_ended_now))
         return pace
 
-    def queue_s(self, now_s: float, unmeasured_pace: float = 1.0) -> float:
-        """T_queue: seconds of queued prefills plus what running ones have left, at `pace`."""
+    def queue_s(self, now_s: float, unmeasured_pace: float = 1.0, handover_s: float = 0.0) -> float:
+        """T_queue: seconds of queued prefills plus what running ones have left, at `pace`,
+        and the line's `handover_s` before each of them hands the worker on (a request
+        joining a line of k waits k hand-overs that no prefill's measured seconds hold)."""
         pace = self.pace(now_s, unmeasured_pace)
         remaining = 0.0
         for run in self.running.values():
             left = run.started_s + run.predicted_s * pace - now_s
             if left > 0:
                 remaining += left
-        return self.total_queued_s * pace + remaining
+        ahead = len(self.queued_s) + len(self.running)
+        return self.total_queued_s * pace + remaining + ahead * handover_s
 
     def link_backlog_s(self, now_s: float) -> float:
         """Seconds of transfers already committed on this instance's outgoing link."""

@@ -137,8 +137,12 @@ class ConductorCore:
     def prefill_loads(self, now_s: float) -> dict[str, float]:
         """Each prefill instance's load: its queue time over the TTFT SLO."""
         slo_s = self.config.ttft_slo_s
-        pace = self.unmeasured_pace()
-        return {pid: state.queue_s(now_s, pace) / slo_s for pid, state in self.prefill.items()}
+        return {pid: self.queue_s(state, now_s) / slo_s for pid, state in self.prefill.items()}
+
+    def queue_s(self, state: PrefillState, now_s: float) -> float:
+        """T_queue of one prefill instance: its queue at its pace, with the line's
+        hand-overs as the cost model believes them."""
+        return state.queue_s(now_s, self.unmeasured_pace(), self.cost.serving.handover_s)
 
     def unmeasured_pace(self) -> float:
         """The pace believed of a prefill instance none of whose prefills was measured yet:
@@ -197,7 +201,7 @@ class ConductorCore:
         candidates = [
             PrefillCandidate(
                 pid,
-                state.queue_s(now_s, unmeasured),
+                state.queue_s(now_s, unmeasured, self.cost.serving.handover_s),
                 state.link_backlog_s(now_s),
                 state.pace(now_s, unmeasured),
             )

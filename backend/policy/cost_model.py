@@ -19,7 +19,9 @@ points of the real worker):
                                  Conductor) + per_token_s (each streamed gap beyond the
                                  decode step); measured live, zero in offline profiles.
                                  A profile measured before answer_s existed holds the way
-                                 back in dispatch_s.
+                                 back in dispatch_s. handover_s: a prefill agent's worker
+                                 going from one prefill to the next waiting, once per
+                                 request ahead in the queue estimate.
 
 A profile is the JSON-ready dict form of a CostModel (`to_profile` / `from_profile`). The
 twin executes with its own timing model; this is only what the policy predicts.
@@ -89,6 +91,9 @@ class ServingFit:
     first_token_s: float = 0.0  # the agent's answer to the first token leaving
     per_token_s: float = 0.0
     answer_s: float = 0.0  # the agent's answer on its way back to the Conductor
+    # A prefill agent's line handing its worker from one prefill to the next waiting (each
+    # request queued or running ahead of a new one adds one; not part of the TTFT overhead).
+    handover_s: float = 0.0
 
     @property
     def ttft_overhead_s(self) -> float:

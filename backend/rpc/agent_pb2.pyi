@@ -424,7 +424,7 @@ class JoinReply(_message.Message):
     def __init__(self, accepted: _Optional[bool] = ..., heartbeat_interval_s: _Optional[float] = ..., message: _Optional[str] = ...) -> None: ...
 
 class PrefillSample(_message.Message):
-    __slots__ = ("input_tokens", "cached_tokens", "fetched_tokens", "seconds", "queue_s", "age_s", "cpu_s", "fetch_s")
+    __slots__ = ("input_tokens", "cached_tokens", "fetched_tokens", "seconds", "queue_s", "age_s", "cpu_s", "fetch_s", "handover_s")
     INPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     FETCHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -433,6 +433,7 @@ class PrefillSample(_message.Message):
     AGE_S_FIELD_NUMBER: _ClassVar[int]
     CPU_S_FIELD_NUMBER: _ClassVar[int]
     FETCH_S_FIELD_NUMBER: _ClassVar[int]
+    HANDOVER_S_FIELD_NUMBER: _ClassVar[int]
     input_tokens: int
     cached_tokens: int
     fetched_tokens: int
@@ -441,7 +442,8 @@ class PrefillSample(_message.Message):
     age_s: float
     cpu_s: float
     fetch_s: float
-    def __init__(self, input_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., fetched_tokens: _Optional[int] = ..., seconds: _Optional[float] = ..., queue_s: _Optional[float] = ..., age_s: _Optional[float] = ..., cpu_s: _Optional[float] = ..., fetch_s: _Optional[float] = ...) -> None: ...
+    handover_s: float
+    def __init__(self, input_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., fetched_tokens: _Optional[int] = ..., seconds: _Optional[float] = ..., queue_s: _Optional[float] = ..., age_s: _Optional[float] = ..., cpu_s: _Optional[float] = ..., fetch_s: _Optional[float] = ..., handover_s: _Optional[float] = ...) -> None: ...
 
 class DecodeStepSample(_message.Message):
     __slots__ = ("batch_size", "context_tokens", "seconds", "age_s", "cpu_s", "pause_s")

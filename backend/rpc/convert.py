@@ -300,6 +300,7 @@ def heartbeat_to_proto(heartbeat: Heartbeat) -> pb.HeartbeatRequest:
                 age_s=max(0.0, heartbeat.now_s - s.time_s),
                 cpu_s=s.cpu_s,
                 fetch_s=s.fetch_s,
+                handover_s=s.handover_s,
             )
             for s in heartbeat.prefill_samples
         ],
@@ -343,6 +344,7 @@ def heartbeat_from_proto(message: pb.HeartbeatRequest) -> Heartbeat:
                 fetched_tokens=s.fetched_tokens,
                 cpu_s=s.cpu_s if s.HasField("cpu_s") else None,
                 fetch_s=s.fetch_s,
+                handover_s=s.handover_s if s.HasField("handover_s") else None,
             )
             for s in message.prefill_samples
         ),

@@ -78,7 +78,6 @@ class AgentRegistry:
             now_s = state.clock()
             core = state.core
             decode_loads = core.decode_loads()
-            pace = core.unmeasured_pace()
             samples = []
             for instance_id, info in state.agents.items():
                 prefill = core.prefill.get(instance_id)
@@ -88,7 +87,7 @@ class AgentRegistry:
                         time_s=now_s,
                         instance_id=instance_id,
                         prefill_load_s=(
-                            prefill.queue_s(now_s, pace) if prefill is not None else None
+                            core.queue_s(prefill, now_s) if prefill is not None else None
                         ),
                         decode_load=decode_loads.get(instance_id),
                         memory_used_bytes=load.dram_bytes + load.ssd_bytes,

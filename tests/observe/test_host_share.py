@@ -1,5 +1,6 @@
 """Host sharing: the solo times beneath measurements of agents that crowded one host."""
 
+import itertools
 import json
 
 import numpy as np
@@ -10,6 +11,7 @@ from backend.observe.host_share import (
     decode_length_share,
     host_share,
     prefill_rates_by_busy,
+    prefill_rates_by_length,
     rates_by_busy,
 )
 from backend.observe.live_profile import _quantiles, live_profile
@@ -316,3 +318,37 @@ def test_decode_pauses_are_kept_by_how_many_other_agents_computed() -> None:
     spread = live_profile(calibrator, _joins("127.0.0.1", "127.0.0.1"))["spread"]
     assert spread["decode_pause_0"] == pytest.approx([0.0002] * 41)
     assert spread["decode_pause_1"] == pytest.approx([0.001] * 41)
+
+
+def test_prefill_luck_is_kept_by_length_class_and_each_class_takes_its_wall_time() -> None:
+    """Short prefills (10-30 ms of CPU) got 0.6 of a core at three busy agents, long ones
+    (100-300 ms) 0.4, at 0.9 and 0.7 at two, luck apart. One draw for all would give a long
+    prefill the work's mean luck; by class each length keeps its own, and prefills drawing
+    as the twin does take each class's measured wall time."""
+    rng = np.random.default_rng(5)
+    num = 240
+    long = np.arange(num) % 3 == 0
+    cpu_s = np.where(long, rng.uniform(0.1, 0.3, num), rng.uniform(0.01, 0.03, num))
+    at_two_share = rng.uniform(0.0, 0.4, num)
+    share_two, share_three = np.where(long, 0.7, 0.9), np.where(long, 0.4, 0.6)
+    luck = rng.uniform(0.9, 1.1, num)
+    # CPU = wall x (the shares' mean over the time at each count) x luck.
+    wall = cpu_s / (luck * (at_two_share * share_two + (1 - at_two_share) * share_three))
+    time_at = np.stack([np.zeros(num), at_two_share * wall, (1 - at_two_share) * wall], axis=1)
+    classes = prefill_rates_by_length(time_at, cpu_s)
+    assert len(classes) >= 2 and classes[0].from_s == 0.0
+    assert all(a.from_s < b.from_s for a, b in itertools.pairwise(classes))
+    shortest, longest = classes[0], classes[-1]
+    assert np.median(shortest.rates[3]) == pytest.approx(0.6, rel=0.1)
+    assert np.median(longest.rates[3]) == pytest.approx(0.4, rel=0.1)
+    bounds = [*(c.from_s for c in classes[1:]), np.inf]
+    for prefill_class, high in zip(classes, bounds, strict=True):
+        inside = (cpu_s >= prefill_class.from_s) & (cpu_s < high)
+        assert prefill_class.weights == pytest.approx(cpu_s[inside])
+        twin_s = _twin_wall_s(
+            prefill_class.rates, prefill_class.weights, time_at[inside], cpu_s[inside]
+        )
+        assert twin_s == pytest.approx(float(time_at[inside].sum()), rel=0.01)
+    # Too few prefills to split: one class, all of them.
+    (only,) = prefill_rates_by_length(time_at[:30], cpu_s[:30])
+    assert only.from_s == 0.0 and only.weights == pytest.approx(cpu_s[:30])

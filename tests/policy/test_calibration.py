@@ -177,3 +177,23 @@ def test_the_answer_s_way_back_is_its_own_term_of_the_ttft_overhead() -> None:
     old.add_serving(ServingSample(float(i), 0.035, 0.01) for i in range(config.min_serving_points))
     serving = old.refit(1.0).cost.serving
     assert serving.answer_s == 0.0 and serving.ttft_overhead_s == pytest.approx(0.045)
+
+
+def test_the_prefill_line_s_hand_over_is_the_mean_and_kept_until_enough_are_measured() -> None:
+    """The line's hand-over is summed once per request ahead, so its mean is fitted (a late
+    wake-up counts at its share); prefills that found the worker free measure none; with
+    too few measured the believed value stays."""
+    config = CalibrationConfig()
+    enough = config.min_serving_points
+    calibrator = Calibrator(BASE, config)
+    calibrator.add_serving(ServingSample(float(i), 0.02, 0.01) for i in range(enough))
+    prefill, _ = measured(config.min_prefill_points)
+    calibrator.add_prefill(prefill)  # found the worker free: no hand-over
+    calibrator.add_prefill(
+        PrefillSample(1.0, 100, 0, 0.01, handover_s=h) for h in [0.001] * (enough - 2)
+    )
+    assert calibrator.refit(1.0).cost.serving.handover_s == 0.0  # too few: kept
+    calibrator.add_prefill(PrefillSample(1.0, 100, 0, 0.01, handover_s=h) for h in (0.001, 0.021))
+    serving = calibrator.refit(2.0).cost.serving
+    assert serving.handover_s == pytest.approx((0.001 * (enough - 1) + 0.021) / enough)
+    assert serving.ttft_overhead_s == pytest.approx(0.03)  # not a per-request overhead

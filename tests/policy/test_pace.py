@@ -141,3 +141,14 @@ def test_the_instance_s_own_measure_of_its_work_is_the_pace_not_the_calls_around
     # Answered after 3x its prediction, of which the agent worked 1.5x.
     core.handle(PrefillFinished(3 * predicted, "r", "P", took_s=1.5 * predicted))
     assert core.prefill["P"].pace(10.0) == pytest.approx(1.5)
+
+
+def test_each_request_ahead_adds_the_line_s_hand_over_to_the_queue() -> None:
+    state = PrefillState("P")
+    assert state.queue_s(0.0, handover_s=0.002) == 0.0  # a free worker: no hand-over
+    state.enqueue("running", 0.1)
+    state.start("running", 0.0)
+    state.enqueue("q1", 0.2)
+    state.enqueue("q2", 0.3)
+    # 0.05 s left of the running one, 0.5 s queued, and three hand-overs before a new one.
+    assert state.queue_s(0.05, handover_s=0.002) == pytest.approx(0.556)

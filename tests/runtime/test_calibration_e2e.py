@@ -193,3 +193,28 @@ def test_kv_events_reach_the_index_on_the_heartbeat_channel_before_the_answer(tm
         with runtime.locked():
             held = runtime.core.index.prefix_blocks(keys, [prefill_id])
         assert held == {prefill_id: len(keys)}
+
+
+def test_a_real_prefill_agent_measures_its_line_s_hand_over(tmp_path) -> None:
+    """Prompts sent at once queue on the one prefill agent: those that waited for its worker
+    report the hand-over from the one ahead (time no prefill's seconds hold), the first
+    found it free and reports none."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    settings = _settings(tmp_path, calibration_refit_interval_s=0.2)
+    with conductor_stack(settings, ["prefill", "decode"]) as stack:
+        url, runtime = stack.url, stack.runtime
+        prompts = [[(11 * i + j) % 30_000 + 1 for j in range(400)] for i in range(6)]
+        with ThreadPoolExecutor(len(prompts)) as pool:
+            replies = list(pool.map(lambda p: _post(url, p, max_tokens=2), prompts))
+        assert all(r.status_code == 200 for r in replies), [r.text for r in replies]
+        for reply in replies:
+            assert runtime.request(reply.json()["id"]).result(60).state == "completed"
+        deadline = time.monotonic() + 10
+        while len(runtime.calibrator.snapshot().prefill) < len(prompts):
+            assert time.monotonic() < deadline, "the prefills' samples never arrived"
+            time.sleep(0.1)
+        handovers = [s.handover_s for s in runtime.calibrator.snapshot().prefill]
+    assert None in handovers  # the first found the worker free
+    waited = [h for h in handovers if h is not None]
+    assert waited and all(0.0 <= h < 1.0 for h in waited), handovers

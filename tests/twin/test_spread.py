@@ -107,6 +107,18 @@ def test_a_live_profile_runs_in_the_twin_with_its_spread(tmp_path) -> None:
         assert 0.0 <= place <= 1.0
         assert share(1) == pytest.approx(0.8 + 0.2 * place) == share(2)
         assert share(6) == pytest.approx(share(3) / 2)
+    # By length class where the profile has them: a prefill of 60 ms alone draws from the
+    # class from 50 ms, one of 10 ms from the shortest (the plain keys).
+    profile["spread"] |= {
+        "prefill_rate_1_from_50ms": [0.5, 0.5],
+        "prefill_rate_3_from_50ms": [0.1, 0.1],
+    }
+    path.write_text(json.dumps(profile))
+    timing = load_timing(str(path), seed=3)
+    long_share, short_share = timing.prefill_share(0.06), timing.prefill_share(0.01)
+    assert long_share is not None and short_share is not None
+    assert (long_share(1), long_share(3)) == (0.5, 0.1)
+    assert 0.8 <= short_share(1) <= 1.0 and 0.2 <= short_share(3) <= 0.6
     profile["spread"]["decode_rate_0"] = [0.5, 1.0]
     path.write_text(json.dumps(profile))
     with pytest.raises(ValueError, match="decode_rate_0"):
@@ -294,7 +306,8 @@ def test_the_answer_s_way_back_comes_after_the_prefill_and_moves_the_line(tmp_pa
     (`spread.answer_s`): the request's first token waits for it, and the core sees the
     prefill end, and the next one in the instance's line start, when it arrives, as the live
     runtime's line (backend/policy/lines.py) has them; the instance itself takes the next
-    one up at once."""
+    one up after the line's measured hand-over (`spread.handover_s`), which the first,
+    finding the worker free, does not wait."""
     from backend.traces.arrivals import arrivals_from_rows
     from backend.traces.loader import TraceRow
     from twin.cluster import TwinCluster
@@ -307,9 +320,11 @@ def test_the_answer_s_way_back_comes_after_the_prefill_and_moves_the_line(tmp_pa
     ]
     calibrator = _calibrator()
     calibrator.add_serving(ServingSample(0.0, 0.01, 0.0, answer_s=0.2) for _ in range(50))
+    calibrator.add_prefill(PrefillSample(0.0, 300, 0, 0.03, handover_s=0.05) for _ in range(50))
     profile = live_profile(calibrator, agents)
     spread = profile["spread"]
     assert spread["answer_s"] == [0.2] * len(spread["answer_s"])
+    assert spread["handover_s"] == [0.05] * len(spread["handover_s"])
     # Constant draws, so the times below are exact.
     for key in ("prefill_factor", "decode_factor"):
         spread[key] = [1.0] * len(spread[key])
@@ -348,7 +363,8 @@ def test_the_answer_s_way_back_comes_after_the_prefill_and_moves_the_line(tmp_pa
     # Its end reaches the core 0.2 s after the prefill, and the second starts with it.
     assert finished[first][0] == pytest.approx(0.01 + prefill_s + 0.2)
     assert started[second] == finished[first][0]
-    # The instance took the second up at once: its answer is one prefill later.
-    assert finished[second][0] == pytest.approx(0.01 + 2 * prefill_s + 0.2)
+    # The instance took the second up after the hand-over, and worked on it as long.
+    assert finished[second][0] == pytest.approx(0.01 + 2 * prefill_s + 0.05 + 0.2)
+    assert finished[second][1].took_s == pytest.approx(prefill_s)
     ttfts = {r.id: r.ttft_s for r in cluster.recorder.records.values()}
     assert ttfts[first] == pytest.approx(0.01 + prefill_s + 0.2, abs=1e-3)  # + the KV's way

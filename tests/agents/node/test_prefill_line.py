@@ -55,3 +55,37 @@ def test_without_positions_first_come_first_served() -> None:
     assert _run_all(line, [0] * 6) == list(range(6))
     with line.turn():  # free again
         pass
+
+
+def test_the_worker_passes_straight_to_the_next_and_measures_the_hand_over() -> None:
+    """A prefill that finds the worker free measures no hand-over; one that waited measures
+    from the one ahead letting go to it holding the worker."""
+    line = PrefillLine()
+    turns = []
+    holding, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with line.turn() as turn:
+            turns.append(("first", turn))
+            holding.set()
+            release.wait(5)
+
+    def wait_then_run() -> None:
+        with line.turn() as turn:
+            turns.append(("second", turn))
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    holding.wait(5)
+    waiter = threading.Thread(target=wait_then_run)
+    waiter.start()
+    _wait_until(lambda: line.num_waiting == 1)
+    release.set()
+    for thread in (holder, waiter):
+        thread.join(5)
+    (first_name, first), (second_name, second) = turns
+    assert (first_name, second_name) == ("first", "second")
+    assert first.handover_s is None
+    assert second.handover_s is not None and 0.0 <= second.handover_s < 1.0
+    with line.turn() as turn:  # free again, nobody waiting
+        assert turn.handover_s is None
