@@ -48,8 +48,8 @@ CORES_TOLERANCE = 0.005
 # A busy count whose share of a core the prefills' fit measures: at least this share of
 # the prefills' time was spent at it.
 MIN_COUNT_TIME_SHARE = 0.05
-# The prefills' luck by their length: this many classes of about equal work, each of at
-# least this many prefills (`prefill_rates_by_length`).
+# The prefills' luck by their length: this many classes of about equal numbers of
+# prefills, each of at least this many (`prefill_rates_by_length`).
 PREFILL_LENGTH_CLASSES = 3
 MIN_PREFILLS_PER_CLASS = 20
 
@@ -392,9 +392,10 @@ def prefill_rates_by_length(
     time_at: np.ndarray, cpu_s: np.ndarray, num_classes: int = PREFILL_LENGTH_CLASSES
 ) -> tuple[PrefillClass, ...]:
     """`prefill_rates_by_busy`'s rates, by the prefill's length: `num_classes` classes of
-    CPU seconds holding about equal parts of the work (fewer where a class would hold
-    fewer than MIN_PREFILLS_PER_CLASS prefills), each count's share fitted through all
-    prefills at once and each class's luck scaled to its own wall time.
+    CPU seconds holding about equal numbers of prefills (fewer where a class would hold
+    fewer than MIN_PREFILLS_PER_CLASS), each count's share fitted through all prefills at
+    once and each class's luck scaled to its own wall time; within a class each prefill
+    weighs by its CPU seconds, as in `prefill_rates_by_busy`.
 
     Luck goes with length (a short prefill is a few time slices the scheduler often gives
     at once, a long one is preempted by every decode step beside it), and the CPU-weighted
@@ -404,7 +405,11 @@ def prefill_rates_by_length(
     1.67-1.69x their solo time where live's took 1.90-2.03x, those under 50 ms 1.92-2.03x
     against live's 1.72-1.83x; the long ones carry most of a queue's work, so the twin's
     queues drained faster than live's (TTFT p50 5-10 % low, a tenth to a third fewer
-    refusals). Drawn by class, each length keeps the luck it had."""
+    refusals). Drawn by class, each length keeps the luck it had. Classes of equal
+    numbers, not equal work: the shortest prefills are most of them, and their stalls (a
+    thread preempted for 150 ms in a 15-ms prefill) are what lifts admission's pace, a
+    ratio of measured to predicted seconds over the last few prefills; weighted by CPU in
+    one class with the 50-ms ones, the twin drew such stretches too rarely."""
     fitted = _prefill_fit(time_at, cpu_s)
     if fitted is None:
         return ()
@@ -412,10 +417,9 @@ def prefill_rates_by_length(
     cpu = cpu_s[valid]
     spent = time_at[valid][:, counts]
     order = np.sort(cpu)
-    work = np.cumsum(order) / order.sum()
     bounds = [0.0]
     for part in range(1, num_classes):
-        bound = float(order[np.searchsorted(work, part / num_classes)])
+        bound = float(order[len(order) * part // num_classes])
         below = int(np.sum(cpu < bound)) - int(np.sum(cpu < bounds[-1]))
         if below >= MIN_PREFILLS_PER_CLASS and np.sum(cpu >= bound) >= MIN_PREFILLS_PER_CLASS:
             bounds.append(bound)

@@ -6,16 +6,18 @@ believes): prefill points on a grid from the robust fit of the measured prefills
 points as measured, the median step of every batch size seen often enough (beyond the
 largest, grown from it as the starting profile's measurement of the model grows); in
 `spread` the quantiles of each prefill's and each step's ratio to those central times and of
-the serving path's dispatch and first-token delays, which the twin draws from
-(twin/spread.py); the joined agents' capacities; and in `believed` the cost model the
-Conductor's policy ran with (its calibrated model, bounded per refit), so the twin's policy
-believes what live did.
+the serving path's dispatch, answer, first-token and prefill hand-over delays, which the
+twin draws from (twin/spread.py); the joined agents' capacities; and in `believed` the cost
+model the Conductor's policy ran with (its calibrated model, bounded per refit), so the
+twin's policy believes what live did.
 
 When every agent runs on one host, the times are first scaled back to what each would have
 taken alone (backend/observe/host_share.py) and the profile says in `host` how many cores
 the agents shared; the twin slows them again by how many of its agents compute at once,
 decode steps and prefills at a share of a core drawn from what the window's steps and
-prefills got at as many busy agents (`spread.decode_rate_N`, `spread.prefill_rate_N`).
+prefills got at as many busy agents (`spread.decode_rate_N`, `spread.prefill_rate_N`; the
+prefills' by their length where the window told lengths apart,
+`spread.prefill_rate_N_from_Xms`).
 A decode step's share falls with its length (`host.decode_length`: its `decode_rate_N`
 are then the shares as at the reference length), and where the agents measured the decode
 loop's pauses between steps, `spread.decode_pause_N` holds them by the number of other

@@ -82,7 +82,8 @@ def calibration_panel() -> None:
         f"{fmt.seconds(serving.get('dispatch_s'))}, answer back "
         f"{fmt.seconds(serving.get('answer_s'))}, first token "
         f"{fmt.seconds(serving.get('first_token_s'))}, per token "
-        f"{fmt.seconds(serving.get('per_token_s'))}"
+        f"{fmt.seconds(serving.get('per_token_s'))}, prefill hand-over "
+        f"{fmt.seconds(serving.get('handover_s'))}"
         + ("" if calibration["enabled"] else "; calibration is off (measured, not applied)")
     )
     for note in calibration["notes"]:
