@@ -100,7 +100,9 @@ class PrefillInstance:
         for turn in turns:  # always in group order, so two pipelined jobs cannot deadlock
             yield turn
         if waited:  # the worker handed on from the job ahead, as a live agent's line does
-            yield env.timeout(self.timing.handover_delay_s())
+            handover_s = self.timing.handover_delay_s()
+            if handover_s > 0:
+                yield env.timeout(handover_s)
         if self._on_started is not None:
             self._on_started(job)
         turn_s = env.now

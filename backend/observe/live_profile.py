@@ -342,7 +342,9 @@ def _prefill_rates(share: HostShare) -> dict[str, list[float]]:
     `prefill_rate_N_from_Xms` of the prefills of X ms of CPU or more
     (host_share.prefill_rates_by_length)."""
     classes = [
-        c for c in share.prefill_classes if min(map(len, c.rates.values())) >= MIN_POINTS_PER_RATE
+        c
+        for c in share.prefill_classes
+        if c.rates and min(map(len, c.rates.values())) >= MIN_POINTS_PER_RATE
     ]
     if len(classes) < 2 or classes[0].from_s > 0:
         classes = [PrefillClass(0.0, share.prefill_rates, share.prefill_rate_weights)]
