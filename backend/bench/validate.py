@@ -139,6 +139,11 @@ def env_of_change(change: Mapping[str, Any]) -> dict[str, str]:
 
 
 # -- one config, live --------------------------------------------------------------------------
+# The calibration with the inputs of its live profile, so a kept run can be predicted again
+# on a profile the code of the day builds (`repredict(rebuild_profile=True)`).
+CALIBRATION_PATH = "/v1/calibration?max_points=0&inputs=true"
+
+
 def run_live(
     settings: ValidateSettings,
     change: Mapping[str, Any],
@@ -169,7 +174,7 @@ def run_live(
         if settings.warmup_minutes:
             on_status(f"replaying the warm-up, minutes {settings.warmup_minutes}")
             _replay(settings, settings.warmup_minutes, base_url, env, work_dir / "warmup", children)
-        calibration = _get(base_url, "/v1/calibration?max_points=0", api_key)
+        calibration = _get(base_url, CALIBRATION_PATH, api_key)
         policy = _get(base_url, "/v1/config", api_key)
         on_status(f"replaying the measured window, minutes {settings.minutes}")
         start_s = time.time()
@@ -184,7 +189,7 @@ def run_live(
             {"start_s": warmup_start_s, "end_s": end_s, "block_size": settings.block_size}
         )
         rows_text = _get_text(base_url, f"/v1/export/trace?{export}", api_key)
-        calibration_after = _get(base_url, "/v1/calibration?max_points=0", api_key)
+        calibration_after = _get(base_url, CALIBRATION_PATH, api_key)
     finally:
         stack.stop()
     return {
@@ -582,6 +587,7 @@ def repredict(
     *,
     seeds: int,
     hindsight: bool = False,
+    rebuild_profile: bool = False,
     out: Path | None = None,
     on_status: OnStatus | None = None,
 ) -> dict[str, Any]:
@@ -593,7 +599,11 @@ def repredict(
     `hindsight`: the twin reads the live profile as of the window's end (the calibration
     window then holds the warm-up and the measured window) instead of the warm-up's end.
     Not a prediction, since it has seen the window: the twin's own error apart from how far
-    the host's speed moved between warm-up and window (`settings.hindsight`)."""
+    the host's speed moved between warm-up and window (`settings.hindsight`).
+
+    `rebuild_profile`: build each live profile again from the measurements the run kept
+    (`profile_inputs`) with this code, instead of reading the profile live built: what a
+    change to how profiles are built does (`settings.rebuilt_profile`)."""
     if seeds < 1:
         raise ValueError(f"--twin-seeds must be at least 1, got {seeds}")
     if out is not None and out.resolve() == kept.resolve():
@@ -610,6 +620,8 @@ def repredict(
         live = entry["live"]
         if hindsight:
             live = {**live, "calibration": live["calibration_after"]}
+        if rebuild_profile:
+            live = {**live, "calibration": _rebuilt(live["calibration"], entry)}
         with tempfile.TemporaryDirectory(prefix="kvc-repredict-") as folder:
             entry["twin"] = predict(live, block_size, Path(folder), seeds=seeds)
         by_index.setdefault(entry["index"], []).append(entry)
@@ -626,11 +638,26 @@ def repredict(
         "twin_seeds": seeds,
         "repredicted_from": str(kept),
         "hindsight": hindsight,
+        "rebuilt_profile": rebuild_profile,
     }
     result = _result(settings_json, configs)
     if out is not None:
         write_outputs(result, runs, out)
     return result
+
+
+def _rebuilt(calibration: Mapping[str, Any], entry: Mapping[str, Any]) -> dict[str, Any]:
+    """`calibration` with its live profile built again from its kept inputs."""
+    from backend.observe.live_profile import profile_of_inputs
+
+    inputs = calibration.get("profile_inputs")
+    if inputs is None:
+        raise ValueError(
+            f"run {entry['run'] + 1} of config {json.dumps(entry['change'])} kept no "
+            "profile inputs (a validate before they were kept): its profile cannot be "
+            "built again"
+        )
+    return {**calibration, "profile": profile_of_inputs(inputs)}
 
 
 def _kept_runs(kept: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:

@@ -508,6 +508,13 @@ def repredict_command(
         "twin's own error apart from the host's drift between warm-up and window (it has "
         "seen the window, so it is no prediction).",
     ),
+    rebuild_profile: bool = typer.Option(
+        False,
+        "--rebuild-profile",
+        help="Build each run's live profile again, with this code, from the measurements "
+        "the run kept, instead of reading the profile live built: what a change to how "
+        "profiles are built does (runs kept before the measurements were kept cannot).",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the result as one JSON object."),
 ) -> None:
     """Predict the live runs a validate kept again, with this twin and no live run.
@@ -523,7 +530,12 @@ def repredict_command(
         "repredict",
         None,
         lambda on_status: repredict(
-            kept, seeds=seeds, hindsight=hindsight, out=out, on_status=on_status
+            kept,
+            seeds=seeds,
+            hindsight=hindsight,
+            rebuild_profile=rebuild_profile,
+            out=out,
+            on_status=on_status,
         ),
     )
     _show_validation(result, out, as_json)

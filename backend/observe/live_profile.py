@@ -25,7 +25,7 @@ agents computing meanwhile.
 """
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -37,7 +37,12 @@ from backend.observe.host_share import (
     host_share,
     weighted_quantiles,
 )
-from backend.policy.calibration import Calibrator, DecodeStepSample, PrefillSample
+from backend.policy.calibration import (
+    CalibrationConfig,
+    Calibrator,
+    DecodeStepSample,
+    PrefillSample,
+)
 from backend.policy.cost_model import (
     PROFILE_FORMAT,
     CostModel,
@@ -143,6 +148,38 @@ def live_profile(
                 "exponent": share.decode_length.exponent,
             }
     return profile
+
+
+def profile_inputs(
+    calibrator: Calibrator, agents: Sequence[Join], links: Sequence[Mapping[str, Any]] = ()
+) -> dict[str, Any]:
+    """Everything `live_profile` reads, JSON-ready: the starting model, the calibration's
+    settings, its window (every sample), the joined agents and the measured links. Kept
+    with a validate run, it lets a later twin build the profile again (`profile_of_inputs`)
+    and so judge a change to how profiles are built on windows already measured."""
+    return {
+        "base": calibrator.base.to_profile(),
+        "config": asdict(calibrator.config),
+        "window": calibrator.to_state(max_samples=calibrator.config.max_samples),
+        "agents": [asdict(agent) for agent in agents],
+        "links": [dict(link) for link in links],
+    }
+
+
+def profile_of_inputs(inputs: Mapping[str, Any], *, name: str = "live") -> dict[str, Any]:
+    """The live profile of a `profile_inputs()`, built by this code; ValueError when they
+    are malformed."""
+    try:
+        calibrator = Calibrator(
+            CostModel.from_profile(inputs["base"]), CalibrationConfig(**inputs["config"])
+        )
+        agents = [Join(**agent) for agent in inputs["agents"]]
+        links = list(inputs.get("links", []))
+        window = inputs["window"]
+    except (KeyError, TypeError) as error:
+        raise ValueError(f"the live profile's inputs are malformed: {error}") from None
+    calibrator.restore(window)
+    return live_profile(calibrator, agents, name=name, links=links)
 
 
 def _measured_link(

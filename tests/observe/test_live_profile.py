@@ -2,10 +2,12 @@
 the largest measured as the starting profile's measurement of the model grows) and its link
 (fitted through the window's fetches, else the Conductor's measured pairs)."""
 
+import json
+
 import numpy as np
 import pytest
 
-from backend.observe.live_profile import live_profile
+from backend.observe.live_profile import live_profile, profile_inputs, profile_of_inputs
 from backend.policy.calibration import Calibrator, DecodeStepSample, PrefillSample
 from backend.policy.cost_model import CostModel, DecodeFit, LinkModel, PrefillFit, fit_decode
 from backend.rpc.reports import Join
@@ -118,3 +120,17 @@ def test_fetches_that_cannot_tell_the_bandwidth_measure_the_latency(fetches) -> 
     assert profile["measured_from"]["link"] == (
         f"{len(fetches)} fetch(es): latency measured, bandwidth believed"
     )
+
+
+def test_a_profile_is_built_again_from_its_kept_inputs() -> None:
+    """What `twin repredict --rebuild-profile` rests on: the inputs, through JSON, give the
+    very profile live built; malformed ones are a clear error."""
+    links = [
+        {"source": "p0", "destination": "p1", "bandwidth_bytes_per_s": 2e8, "num_measurements": 4}
+    ]
+    window = _window()
+    inputs = json.loads(json.dumps(profile_inputs(window, AGENTS, links)))
+    assert len(inputs["window"]["decode"]) == len(window.decode)
+    assert profile_of_inputs(inputs) == live_profile(window, AGENTS, links=links)
+    with pytest.raises(ValueError, match="inputs are malformed"):
+        profile_of_inputs({**inputs, "agents": [{"role": "prefill"}]})

@@ -17,6 +17,7 @@ from backend.bench.validate import (
     live_noise_chance,
     median_report,
 )
+from backend.observe.live_profile import profile_of_inputs
 
 KVCENTRIC = str(Path(sys.executable).parent / "kvcentric")
 
@@ -225,6 +226,15 @@ def test_a_short_window_live_and_in_the_twin(tmp_path) -> None:
             after["metrics"]["num_completed"]["live"] == before["metrics"]["num_completed"]["live"]
         )
         assert after["metrics"]["ttft_p50_s"]["twin"] > 0
+    rebuilt = subprocess.run(  # the profiles built again from the kept measurements
+        [KVCENTRIC, "twin", "repredict", str(out), "--twin-seeds", "1", "--rebuild-profile",
+         "--json"],
+        capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert rebuilt.returncode == 0, rebuilt.stderr[-3000:]
+    assert json.loads(rebuilt.stdout)["settings"]["rebuilt_profile"] is True
+    kept = json.loads((out / "config-0" / "live-run.json").read_text())["calibration"]
+    assert profile_of_inputs(kept["profile_inputs"]) == kept["profile"]
 
 
 def test_repredict_names_a_folder_validate_did_not_write(tmp_path) -> None:

@@ -12,7 +12,7 @@ from fastapi import APIRouter, Query
 
 from backend.api.auth import ApiKey
 from backend.api.routes.admin import RuntimeDep
-from backend.observe.live_profile import live_profile
+from backend.observe.live_profile import live_profile, profile_inputs
 
 router = APIRouter(prefix="/v1", tags=["observe"])
 
@@ -24,6 +24,14 @@ def read_calibration(
     max_points: Annotated[
         int, Query(ge=0, le=4096, description="The newest measurements of each kind to list.")
     ] = 500,
+    inputs: Annotated[
+        bool,
+        Query(
+            description="Also every measurement of the window, the agents and the links the "
+            "live profile is built from (`profile_inputs`: what `twin validate` keeps, so "
+            "`twin repredict --rebuild-profile` can build it again)."
+        ),
+    ] = False,
 ) -> dict[str, Any]:
     calibrator = runtime.calibrator
     with runtime.locked():
@@ -57,4 +65,6 @@ def read_calibration(
         }
     # The profile's fits read the snapshot, so requests are not held up behind them.
     view["profile"] = live_profile(window, joins, links=links)
+    if inputs:
+        view["profile_inputs"] = profile_inputs(window, joins, links)
     return view
