@@ -2,7 +2,6 @@
 migrates the database, starts the runtime (gRPC for agents) and serves the REST API with
 uvicorn until Ctrl-C or SIGTERM; the last saved configuration is restored at start."""
 
-import gc
 import logging
 import signal
 import sys
@@ -15,6 +14,7 @@ import typer
 from fastapi import FastAPI
 from sqlalchemy import Engine
 
+from backend.cli.quiet_gc import quiet_garbage_collection
 from backend.settings import ConductorSettings, SettingsError, load_settings
 
 if TYPE_CHECKING:  # imported when started, so `--help` stays fast
@@ -140,28 +140,6 @@ def _settings_epilog() -> str:
 
 
 CONDUCTOR_EPILOG = _settings_epilog()
-
-
-# Allocations between two young collections (CPython's default is 700). A 429 allocates a
-# few thousand objects; at hundreds a second the default collects the young generation
-# tens of times a second and promotes short-lived request objects into the old ones.
-GC_YOUNG_THRESHOLD = 20_000
-
-
-def quiet_garbage_collection() -> None:
-    """Keep the cyclic garbage collector out of the serving path's tail latency.
-
-    Measured (`kvcentric bench admission --load mixed`, docs/benchmarks.md): with CPython's
-    defaults, full collections of the Conductor's heap (everything imported and built at
-    start, hundreds of thousands of objects) paused the event loop for 300-475 ms every
-    ten seconds or so, the whole p99 of a 429. Everything alive once the app is built is
-    moved out of the collector's sight (`gc.freeze`: it lives as long as the process), and
-    young collections run less often.
-    """
-    gc.collect()
-    gc.freeze()
-    _, middle, old = gc.get_threshold()
-    gc.set_threshold(GC_YOUNG_THRESHOLD, middle, old)
 
 
 def conductor_command(

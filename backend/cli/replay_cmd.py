@@ -8,6 +8,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from backend.cli.quiet_gc import quiet_garbage_collection
 from backend.cli.secrets_file import DEFAULT_PATH as DEFAULT_SECRETS_PATH
 from backend.cli.secrets_file import read_secrets
 from backend.loadgen.plan import ReplayConfig, plan_requests
@@ -100,6 +101,7 @@ def replay_command(
     except PreflightError as error:
         _fail(str(error))
     planned = plan_requests(rows, config)
+    quiet_garbage_collection()  # the plan lives as long as the replay; results pile up
     progress = Progress(
         TextColumn("replay"),
         BarColumn(),
