@@ -7,7 +7,8 @@ is the policy's `check_decode_arrival`.
 """
 
 from collections import defaultdict
-from collections.abc import Generator, Sequence
+from collections.abc import Generator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import simpy
@@ -41,6 +42,25 @@ from twin.timing import TimingModel
 SAMPLES_PER_WINDOW = 10
 
 
+@dataclass(frozen=True, slots=True)
+class LiveCalibration:
+    """The live Conductor's calibration as the measured window began, on the twin's clock,
+    for a twin that predicts that window: its model and its window of measurements
+    (`Calibrator.to_state()`, every `time_s` on the twin's clock) and when it last refit.
+
+    Its model was fitted from live's warm-up (on a short warm-up a long prefill's believed
+    time moved between 0.46 and 1.36 s from one run to the next) and it stays in force until
+    live's next refit is due; a twin that refit on its own replay of the warm-up believed
+    otherwise from the window's first second, and refused in other bursts than live did.
+    So the twin takes it over at `from_s`: its replay of the warm-up refits nothing and adds
+    no measurement (the warm-up's are live's), and from `from_s` on it refits when live's
+    next refit was due, on live's warm-up measurements and its own of the window."""
+
+    state: Mapping[str, Any]
+    last_refit_s: float  # -inf: it had not refit
+    from_s: float
+
+
 class TwinCluster(EffectHandler):
     """Prefill and decode instances, their shards and links, and the core that steers them."""
 
@@ -53,6 +73,7 @@ class TwinCluster(EffectHandler):
         dram_blocks: int,
         ssd_blocks: int,
         decode_kv_capacity_tokens: int,
+        live_calibration: LiveCalibration | None = None,
     ) -> None:
         self.config = config
         self.policy = config.policy_config()
@@ -60,6 +81,10 @@ class TwinCluster(EffectHandler):
         self.env = simpy.Environment()
         self.core = ConductorCore(self.policy, cost)
         self.calibrator = Calibrator(cost) if config.calibrate else None
+        # Until the window's start the calibration is live's (LiveCalibration).
+        self._calibrating = self.calibrator is not None and live_calibration is None
+        if self.calibrator is not None and live_calibration is not None:
+            self.env.process(self._take_over(live_calibration))
         self.recorder = Recorder()
         self._arrivals: dict[str, ev.RequestArrived] = {}
         self._jobs: dict[str, PrefillJob] = {}
@@ -260,7 +285,8 @@ class TwinCluster(EffectHandler):
         record = self.recorder.records[job.request_id]
         record.prefill_compute_s = job.compute_s
         assert record.prefill_instance is not None
-        if self.calibrator is not None:
+        if self._calibrating:
+            assert self.calibrator is not None
             reused = job.plan.num_reused_tokens
             self.calibrator.add_prefill(
                 [
@@ -357,9 +383,22 @@ class TwinCluster(EffectHandler):
         self, batch_size: int, context_tokens: int, step_s: float, num_steps: int
     ) -> None:
         assert self.calibrator is not None
+        if not self._calibrating:
+            return
         sample = DecodeStepSample(self.env.now, batch_size, context_tokens, step_s)
         self.calibrator.add_decode([sample] * num_steps)
         self._refit_if_due()
+
+    def _take_over(self, live: LiveCalibration) -> Generator[Any, Any, None]:
+        """At the window's start, believe and calibrate from where live's Conductor was."""
+        yield self.env.timeout(max(0.0, live.from_s - self.env.now))
+        calibrator = self.calibrator
+        assert calibrator is not None
+        calibrator.restore(live.state)
+        calibrator.last_refit_s = live.last_refit_s
+        self._calibrating = True
+        if calibrator.cost != self.core.cost:
+            self.core.recost(calibrator.cost)
 
     def _refit_if_due(self) -> None:
         """As the live runtime does on a heartbeat: refit when due; the core believes the

@@ -12,7 +12,7 @@ from backend.policy.cost_model import CostModel
 from backend.policy.decode_load import forecast_error
 from backend.traces.arrivals import arrivals_from_rows
 from backend.traces.loader import TraceRow
-from twin.cluster import TwinCluster
+from twin.cluster import LiveCalibration, TwinCluster
 from twin.config import TwinConfig
 from twin.report import build_report
 from twin.slo import derive_slos
@@ -32,12 +32,15 @@ def simulate(
     trace_label: str = "",
     on_progress: Callable[[float], None] | None = None,
     measure_from_s: float = 0.0,
+    live_calibration: LiveCalibration | None = None,
 ) -> dict[str, Any]:
     """Run `rows` through a simulated cluster driven by the real policy core.
 
     `measure_from_s`: the rows arriving earlier (seconds from the first row) only warm the
     cluster up (caches, queues, batches, as a live window has them); the report covers
-    the requests arriving from then on, and the decode steps and loads from then on."""
+    the requests arriving from then on, and the decode steps and loads from then on.
+    `live_calibration`: the live Conductor's calibration as that window began, which the
+    twin's online calibration takes over then (`LiveCalibration`)."""
     started_s = time.perf_counter()
     timing = load_timing(config.profile, noise=config.noise, seed=config.seed)
     cost = believed_cost_model(config.profile, config.block_size)
@@ -58,6 +61,7 @@ def simulate(
         dram_blocks=dram_blocks,
         ssd_blocks=ssd_blocks,
         decode_kv_capacity_tokens=decode_tokens,
+        live_calibration=live_calibration,
     )
     arrivals = arrivals_from_rows(rows, block_size=config.block_size, speed=config.speed)
     cluster.run(arrivals, on_progress)

@@ -22,7 +22,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -30,6 +30,9 @@ from backend.cli.children import KVCENTRIC, WARMUP_TOKENS, Child, get_json, star
 from backend.observe.measures import FIDELITY_METRICS, relative_error
 from backend.policy.config import PolicyConfig, json_safe, policy_from_json
 from backend.traces.loader import TraceRow, iter_trace, load_trace, parse_minutes
+
+if TYPE_CHECKING:
+    from twin.cluster import LiveCalibration
 
 RANKED = ("ttft_mean_s", "goodput_rps")
 SPLIT_KEYS = ("prefill", "decode")
@@ -302,16 +305,49 @@ def predict(
     if config.block_size != block_size:
         raise ValueError(f"the Conductor ran block size {config.block_size}, not {block_size}")
     measure_from_s = (live["window_from_ms"] - rows[0].timestamp_ms) / 1000.0
+    calibration = _live_calibration(live, rows[0].timestamp_ms, measure_from_s)
     reports = [
         simulate(
             config.with_changes(seed=config.seed + seed),
             rows,
             trace_label="recorded window",
             measure_from_s=measure_from_s,
+            live_calibration=calibration,
         )
         for seed in range(seeds)
     ]
     return median_report(reports)
+
+
+def _live_calibration(
+    live: Mapping[str, Any], first_row_ms: float, measure_from_s: float
+) -> "LiveCalibration | None":
+    """Live's calibration as the window began, on the twin's clock (zero at the first
+    exported row, which the export timed from the warm-up's start); None for runs kept
+    before their calibration's inputs were (the twin then calibrates on its own replay)."""
+    from twin.cluster import LiveCalibration
+
+    # With hindsight the profile is the window's end's; the belief is still the warm-up's.
+    calibration = live.get("warmup_calibration", live["calibration"])
+    inputs = calibration.get("profile_inputs")
+    if inputs is None:
+        return None
+    warmup_start_s = float(live["report"]["start_s"]) - live["window_from_ms"] / 1000.0
+    zero_s = warmup_start_s + first_row_ms / 1000.0
+    window = inputs["window"]
+    state = {
+        **window,
+        **{
+            kind: [{**sample, "time_s": sample["time_s"] - zero_s} for sample in window[kind]]
+            for kind in ("prefill", "decode", "serving")
+        },
+    }
+    last_refit_s = calibration.get("last_refit_s")
+    return LiveCalibration(
+        state=state,
+        last_refit_s=-math.inf if last_refit_s is None else float(last_refit_s) - zero_s,
+        from_s=measure_from_s,
+    )
 
 
 def median_report(reports: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -619,7 +655,11 @@ def repredict(
             on_status(f"{label}: predicting the window with the twin", number)
         live = entry["live"]
         if hindsight:
-            live = {**live, "calibration": live["calibration_after"]}
+            live = {
+                **live,
+                "calibration": live["calibration_after"],
+                "warmup_calibration": live["calibration"],
+            }
         if rebuild_profile:
             live = {**live, "calibration": _rebuilt(live["calibration"], entry)}
         with tempfile.TemporaryDirectory(prefix="kvc-repredict-") as folder:

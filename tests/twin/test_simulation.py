@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -189,3 +190,48 @@ def test_a_calibrating_twin_comes_to_believe_the_times_it_runs(shipped_trace, tm
     assert fixed["num_refits"] == 0
     assert fixed["policy_cost_model_end"] == fixed["policy_cost_model"]
     assert median_error(fixed) > 0.8
+
+
+def test_a_twin_takes_over_lives_calibration_at_the_windows_start(shipped_trace, tmp_path):
+    """Predicting a live window, the twin believes what live's Conductor believed as the
+    window began and refits when live's next refit was due, on live's measurements of the
+    warm-up and its own of the window: its replay of the warm-up refits nothing."""
+    from backend.policy.calibration import Calibrator, DecodeStepSample, PrefillSample
+    from backend.policy.cost_model import CostModel
+    from twin.cluster import LiveCalibration
+    from twin.timing import load_timing, read_profile
+
+    data, _ = read_profile("tiny-cpu")
+    truth = CostModel.from_profile(data)
+    slow = {k: v * 2 for k, v in dataclasses.asdict(truth.prefill).items()}
+    believed = replace(truth, prefill=replace(truth.prefill, **slow), name="twice-too-slow")
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps({**data, "believed": believed.to_profile()}))
+    timing = load_timing(str(path))
+    live = Calibrator(believed)
+    live.add_prefill(
+        PrefillSample(0.1 * n, 50 + 20 * n, 0, timing.prefill_s(50 + 20 * n, 0)) for n in range(30)
+    )
+    live.add_decode(DecodeStepSample(0.05 * n, 1 + n % 4, 200, 0.004) for n in range(60))
+    live.num_refits = 5  # what live's Conductor had done by the window's start
+    state = json.loads(json.dumps(live.to_state()))
+    rows = load_trace(shipped_trace, minutes=(0.0, 0.6))  # nine seconds at speed 4
+    config = TwinConfig(
+        num_prefill=2, num_decode=1, profile=str(path), seed=3, calibrate=True, speed=4.0
+    )
+
+    def predict(last_refit_s: float) -> dict:
+        taken = LiveCalibration(state, last_refit_s=last_refit_s, from_s=4.0)
+        return simulate(config, rows, measure_from_s=4.0, live_calibration=taken)
+
+    on_its_own = simulate(config, rows, measure_from_s=4.0)
+    assert on_its_own["num_refits"] >= 1  # on its replay of the warm-up
+    assert on_its_own["policy_cost_model_end"] != believed.to_profile()
+    # Live refit 10 ms before the window: the twin refits when live's next was due, 10 s
+    # on (the window's requests end 21 s in: once); had live not refit, at once as well.
+    not_due = predict(last_refit_s=3.99)
+    assert not_due["num_refits"] == 5 + 1
+    due = predict(last_refit_s=-math.inf)
+    assert due["num_refits"] == 5 + 2
+    refit = CostModel.from_profile(due["policy_cost_model_end"])
+    assert refit.prefill_time_s(500, 0) < 0.8 * believed.prefill_time_s(500, 0)
