@@ -780,9 +780,11 @@ def write_outputs(
         (folder / "live-profile.json").write_text(
             json.dumps(entry["live"]["calibration"]["profile"], indent=1)
         )
-        (folder / "calibration-after.json").write_text(
-            json.dumps(entry["live"]["calibration_after"], indent=1)
-        )
+        # For reading; its inputs (every sample) are kept once, in live-run.json.
+        after = {
+            k: v for k, v in entry["live"]["calibration_after"].items() if k != "profile_inputs"
+        }
+        (folder / "calibration-after.json").write_text(json.dumps(after, indent=1))
         # Everything else the twin's prediction read, so a kept run can be predicted again.
         rest = {k: v for k, v in entry["live"].items() if k not in ("report", "trace")}
         (folder / "live-run.json").write_text(json.dumps(rest, indent=1))
