@@ -258,6 +258,8 @@ class TwinCluster(EffectHandler):
             keys = tuple(key for key in keys if key not in fetched)
         job = PrefillJob(dispatch.request_id, arrival.num_input_tokens, keys, plan, source)
         self._jobs[dispatch.request_id] = job
+        if self.host is not None:  # the rest of the host works for it too
+            self.host.note_prefill()
         instance = self.prefill[dispatch.instance_id]
         # The serving path's way to the agent (a live profile measures it). It is one path:
         # a request does not overtake one dispatched before it to the same instance, so a

@@ -17,17 +17,35 @@ a core at once or waits: 1.2x to 4.3x its CPU time where the even share gives 2.
 prefill counts while it computes; a decode instance while its batch is not empty. Every
 change of the count wakes the prefills in progress (they recompute when they will end)
 and tells the decode instances, which re-time their current step.
+
+Where the profile measured what the rest of the host spent while the agents served
+(`host.other`: the Conductor, the clients, the agents' other threads; so many cores at so
+many prefills a second), the shares are as measured at that load: a twin serving more
+prefills a second leaves its agents less of the host (the rest's CPU grows with the
+prefills, `HostOther.per_prefill_s` each), one serving fewer, more. With n busy agents on
+`cpus` CPUs of which the rest takes o, each gets min(1, (cpus - o) / n); the measured
+shares are scaled by that over the same at the measured o.
 """
 
+import math
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import simpy
 
-from backend.observe.host_share import DecodeLength
+from backend.observe.host_share import DecodeLength, HostOther
 
 Role = Literal["prefill", "decode"]
+
+# The twin's prefills a second, exponentially weighted over this long, are the load the rest
+# of the host's CPU follows (the Conductor's and the clients' work for a request spans its
+# life of a second or two). On 28 kept runs at speed 7 (machine A, 2P:1D and 1P:2D) the
+# twin's refusals summed to -10 % of live's without the rest's CPU, -5 % with it at 10 s
+# (its window's 17 s too short to follow the load up) and +1 % at 3 s.
+OTHER_RATE_TAU_S = 3.0
+# The least of the host the agents are left, however busy the rest.
+MIN_AGENT_CORES = 0.25
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +57,9 @@ class HostCores:
     # How a decode step's measured share falls with its length (its measured shares are
     # then as at the reference length); None: whatever its length.
     decode_length: DecodeLength | None = None
+    # What the rest of the host spent while the shares were measured; None: not measured
+    # (the shares stand whatever the load).
+    other: HostOther | None = None
 
     def __post_init__(self) -> None:
         for role in ("prefill", "decode"):
@@ -55,6 +76,33 @@ class SharedHost:
         self.num_busy = 0
         self._changed = env.event()
         self._listeners: dict[object, Callable[[], None]] = {}
+        other = cores.other
+        # Prefills a second (exponentially weighted), from the measured load.
+        self._prefill_rate = (
+            other.cores / other.per_prefill_s if other and other.per_prefill_s > 0 else 0.0
+        )
+        self._rate_at_s = env.now
+
+    def note_prefill(self) -> None:
+        """A prefill was dispatched: the rest of the host works for it (see `other`)."""
+        now_s = self.env.now
+        decay = math.exp(-(now_s - self._rate_at_s) / OTHER_RATE_TAU_S)
+        self._prefill_rate = self._prefill_rate * decay + 1.0 / OTHER_RATE_TAU_S
+        self._rate_at_s = now_s
+
+    def other_factor(self, num_busy: int) -> float:
+        """How much faster (> 1) or slower (< 1) each of `num_busy` agents goes than the
+        measured shares say, the rest of the host busier or idler than it was measured."""
+        other = self.cores.other
+        if other is None or other.per_prefill_s <= 0 or num_busy < 1:
+            return 1.0
+        decay = math.exp(-(self.env.now - self._rate_at_s) / OTHER_RATE_TAU_S)
+        now_cores = other.per_prefill_s * self._prefill_rate * decay
+
+        def each(rest_cores: float) -> float:
+            return min(1.0, max(other.cpus - rest_cores, MIN_AGENT_CORES) / num_busy)
+
+        return each(now_cores) / each(other.cores)
 
     def rate(
         self, role: Role, share: Callable[[int], float] | None = None, solo_s: float = 0.0
@@ -70,6 +118,8 @@ class SharedHost:
         rate = share(num_busy)
         if role == "decode" and self.cores.decode_length is not None:
             rate = min(1.0, rate * self.cores.decode_length.factor(solo_s))
+        if self.cores.other is not None:
+            rate = min(1.0, rate * self.other_factor(num_busy))
         return rate
 
     def listen(self, owner: object, callback: Callable[[], None]) -> None:

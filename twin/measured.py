@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from backend.observe.host_share import DecodeLength
+from backend.observe.host_share import DecodeLength, HostOther
 from backend.policy.cost_model import ServingFit
 from twin.host import HostCores
 from twin.profile_fields import (
@@ -225,6 +225,24 @@ def _host_cores(data: Mapping[str, Any]) -> HostCores | None:
         prefill=number(section, "prefill_cores", "host.") if "prefill_cores" in section else cores,
         decode=number(section, "decode_cores", "host.") if "decode_cores" in section else cores,
         decode_length=_decode_length(section.get("decode_length")),
+        other=_host_other(section.get("other")),
+    )
+
+
+def _host_other(section: Any) -> HostOther | None:
+    """`host.other`: what the rest of the host spent while the shares were measured."""
+    if section is None:
+        return None
+    if not isinstance(section, Mapping):
+        raise ValueError("'host.other' must be a JSON object")
+    where = "host.other."
+    cpus = number(section, "cpus", where)
+    if cpus != int(cpus):
+        raise ValueError(f"'{where}cpus' must be a whole number, got {cpus}")
+    return HostOther(
+        cpus=int(cpus),
+        cores=number(section, "cores", where, allow_zero=True),
+        per_prefill_s=number(section, "per_prefill_s", where, allow_zero=True),
     )
 
 

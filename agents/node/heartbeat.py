@@ -16,6 +16,7 @@ from collections import deque
 
 import grpc
 
+from agents.node.host_cpu import read_host_cpu
 from agents.node.node import NodeAgent
 from backend.policy.events import KvStored
 from backend.policy.index import Tier
@@ -223,8 +224,9 @@ class Heartbeats:
         agent = self.agent
         self._sequence += 1
         prefill_samples, decode_steps = agent.take_samples()
+        now_s = time.time()
         heartbeat = Heartbeat(
-            now_s=time.time(),
+            now_s=now_s,
             instance_id=agent.instance_id,
             sequence=self._sequence,
             role=agent.role,
@@ -236,6 +238,7 @@ class Heartbeats:
             is_final=is_final,
             prefill_samples=tuple(prefill_samples),
             decode_steps=tuple(decode_steps),
+            host_cpu=read_host_cpu(now_s),
         )
         reply = self._stub.Heartbeat(
             heartbeat_to_proto(heartbeat), metadata=self._metadata, timeout=timeout_s

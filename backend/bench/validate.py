@@ -339,7 +339,8 @@ def _live_calibration(
         **window,
         **{
             kind: [{**sample, "time_s": sample["time_s"] - zero_s} for sample in window[kind]]
-            for kind in ("prefill", "decode", "serving")
+            for kind in ("prefill", "decode", "serving", "host_cpu")
+            if kind in window
         },
     }
     last_refit_s = calibration.get("last_refit_s")

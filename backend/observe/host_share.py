@@ -33,7 +33,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from backend.policy.calibration import DecodeStepSample, PrefillSample
+from backend.policy.calibration import DecodeStepSample, HostCpuSample, PrefillSample
 from backend.policy.cost_model import fit_prefill, prefill_columns
 
 CORES_STEP = 0.05
@@ -95,6 +95,64 @@ class DecodeLength:
         if not (solo_s > 0 and self.exponent):
             return 1.0
         return (solo_s / self.reference_s) ** -self.exponent
+
+
+# The host's other CPU is measured over at least this span of serving (`host_other`).
+MIN_OTHER_SPAN_S = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class HostOther:
+    """What the host spent beyond the agents' compute threads while they served (the
+    Conductor, clients, the agents' other threads): `cores` on average over the window
+    (on a host of `cpus`), and `per_prefill_s` of CPU per prefill served, so that a twin
+    serving more prefills a second crowds its agents more (twin/host.py)."""
+
+    cpus: int
+    cores: float
+    per_prefill_s: float
+
+
+def host_other(
+    host_cpu: Sequence[HostCpuSample],
+    prefill: Sequence[PrefillSample],
+    decode: Sequence[DecodeStepSample],
+    *,
+    min_prefill_points: int,
+) -> HostOther | None:
+    """The host's CPU beyond the agents' compute threads over the window's serving: its
+    busy seconds between the first and the last counters read while prefills ran (the
+    agents' heartbeats), less the CPU seconds the prefills and decode steps that ended in
+    between measured. None with counters of more than one host (agents across hosts),
+    a span under MIN_OTHER_SPAN_S, too few prefills in it, or computations without their
+    CPU time.
+
+    On a 2-CPU host at speed 7 (2P:1D) this was 0.33-0.36 cores over the warm-up, mostly
+    the Conductor (about 0.19) and the load generator (0.08), and 0.36-0.48 over the busier
+    window after it: about the same CPU per prefill (17-21 ms), the share of a core the
+    agents' work got falling with it. A twin that crowded its window's agents by that much
+    more refused as many requests as live in sum over 28 runs (-13 % before)."""
+    if not host_cpu or not prefill or len({s.host_id for s in host_cpu}) != 1:
+        return None
+    first_start = min(s.time_s - max(s.seconds, 0.0) for s in prefill)
+    last_end = max(s.time_s for s in prefill)
+    read = sorted(
+        (s for s in host_cpu if first_start <= s.time_s <= last_end), key=lambda s: s.time_s
+    )
+    if len(read) < 2 or read[-1].time_s - read[0].time_s < MIN_OTHER_SPAN_S:
+        return None
+    start, end = read[0], read[-1]
+    inside = [s for s in (*prefill, *decode) if start.time_s < s.time_s <= end.time_s]
+    num_prefills = sum(1 for s in inside if isinstance(s, PrefillSample))
+    if num_prefills < min_prefill_points or any(s.cpu_s is None for s in inside):
+        return None
+    threads_s = sum(float(s.cpu_s or 0.0) for s in inside)
+    other_s = max(0.0, (end.busy_s - start.busy_s) - threads_s)
+    return HostOther(
+        cpus=end.cpus,
+        cores=round(other_s / (end.time_s - start.time_s), 4),
+        per_prefill_s=round(other_s / num_prefills, 6),
+    )
 
 
 def _intervals(samples: Sequence[PrefillSample | DecodeStepSample]) -> np.ndarray:

@@ -21,7 +21,9 @@ prefills' by their length where the window told lengths apart,
 A decode step's share falls with its length (`host.decode_length`: its `decode_rate_N`
 are then the shares as at the reference length), and where the agents measured the decode
 loop's pauses between steps, `spread.decode_pause_N` holds them by the number of other
-agents computing meanwhile.
+agents computing meanwhile. Where the agents read their host's CPU counters, `host.other`
+says what the rest of the host spent meanwhile (`host_share.host_other`), which the twin
+scales with its own prefills a second.
 """
 
 from collections.abc import Callable, Mapping, Sequence
@@ -34,6 +36,7 @@ from backend.observe.host_share import (
     NUM_QUANTILES,
     HostShare,
     PrefillClass,
+    host_other,
     host_share,
     weighted_quantiles,
 )
@@ -147,6 +150,14 @@ def live_profile(
                 "reference_s": share.decode_length.reference_s,
                 "exponent": share.decode_length.exponent,
             }
+        other = host_other(
+            calibrator.host_cpu,
+            calibrator.prefill,
+            calibrator.decode,
+            min_prefill_points=config.min_prefill_points,
+        )
+        if other is not None:
+            profile["host"]["other"] = asdict(other)
     return profile
 
 

@@ -82,6 +82,20 @@ class ServingSample:
 
 
 @dataclass(frozen=True, slots=True)
+class HostCpuSample:
+    """The CPU counters of an agent's host as its heartbeat was sent (cumulative since the
+    host booted, over its `cpus`): the window's first and last of one host give how much
+    CPU it spent busy in between, the agents' compute threads and everything else
+    (backend/observe/host_share.py: `host_other`)."""
+
+    time_s: float
+    host_id: str
+    cpus: int
+    busy_s: float
+    total_s: float
+
+
+@dataclass(frozen=True, slots=True)
 class CalibrationConfig:
     """When a refit may happen and how far it may move the model."""
 
@@ -123,6 +137,7 @@ class Calibrator:
         self.prefill: deque[PrefillSample] = deque(maxlen=config.max_samples)
         self.decode: deque[DecodeStepSample] = deque(maxlen=config.max_samples)
         self.serving: deque[ServingSample] = deque(maxlen=config.max_samples)
+        self.host_cpu: deque[HostCpuSample] = deque(maxlen=config.max_samples)
         self.last_refit_s = -math.inf
         self.num_refits = 0
         # The parts the last refit kept for too few points: each is due as soon as it has
@@ -139,6 +154,9 @@ class Calibrator:
 
     def add_serving(self, samples: Iterable[ServingSample]) -> None:
         self.serving.extend(samples)
+
+    def add_host_cpu(self, samples: Iterable[HostCpuSample]) -> None:
+        self.host_cpu.extend(samples)
 
     def is_due(self, now_s: float) -> bool:
         """Whether to refit now: an interval after the last refit, or at once when a part
@@ -157,7 +175,7 @@ class Calibrator:
 
     def _trim(self, now_s: float) -> None:
         oldest_s = now_s - self.config.window_s
-        for window in (self.prefill, self.decode, self.serving):
+        for window in (self.prefill, self.decode, self.serving, self.host_cpu):
             if any(sample.time_s < oldest_s for sample in window):
                 kept = [sample for sample in window if sample.time_s >= oldest_s]
                 window.clear()
@@ -282,6 +300,7 @@ class Calibrator:
         copy.prefill.extend(self.prefill)
         copy.decode.extend(self.decode)
         copy.serving.extend(self.serving)
+        copy.host_cpu.extend(self.host_cpu)
         copy.last_refit_s, copy.num_refits = self.last_refit_s, self.num_refits
         copy.waiting = self.waiting
         copy.last_refit = self.last_refit
@@ -296,6 +315,7 @@ class Calibrator:
             "prefill": [asdict(s) for s in list(self.prefill)[-max_samples:]],
             "decode": [asdict(s) for s in list(self.decode)[-max_samples:]],
             "serving": [asdict(s) for s in list(self.serving)[-max_samples:]],
+            "host_cpu": [asdict(s) for s in list(self.host_cpu)[-max_samples:]],
         }
 
     def restore(self, state: Mapping[str, Any]) -> None:
@@ -305,6 +325,7 @@ class Calibrator:
             prefill = [PrefillSample(**s) for s in state.get("prefill", [])]
             decode = [DecodeStepSample(**s) for s in state.get("decode", [])]
             serving = [ServingSample(**s) for s in state.get("serving", [])]
+            host_cpu = [HostCpuSample(**s) for s in state.get("host_cpu", [])]
             num_refits = int(state.get("num_refits", 0))
         except (KeyError, TypeError) as error:
             raise ValueError(f"calibration state is malformed: {error}") from None
@@ -316,6 +337,8 @@ class Calibrator:
         self.decode.extend(decode)
         self.serving.clear()
         self.serving.extend(serving)
+        self.host_cpu.clear()
+        self.host_cpu.extend(host_cpu)
 
 
 def _too_few(kind: str, have: int, need: int) -> str:

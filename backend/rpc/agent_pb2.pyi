@@ -461,8 +461,20 @@ class DecodeStepSample(_message.Message):
     pause_s: float
     def __init__(self, batch_size: _Optional[int] = ..., context_tokens: _Optional[int] = ..., seconds: _Optional[float] = ..., age_s: _Optional[float] = ..., cpu_s: _Optional[float] = ..., pause_s: _Optional[float] = ...) -> None: ...
 
+class HostCpuSample(_message.Message):
+    __slots__ = ("host_id", "cpus", "busy_s", "total_s")
+    HOST_ID_FIELD_NUMBER: _ClassVar[int]
+    CPUS_FIELD_NUMBER: _ClassVar[int]
+    BUSY_S_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_S_FIELD_NUMBER: _ClassVar[int]
+    host_id: str
+    cpus: int
+    busy_s: float
+    total_s: float
+    def __init__(self, host_id: _Optional[str] = ..., cpus: _Optional[int] = ..., busy_s: _Optional[float] = ..., total_s: _Optional[float] = ...) -> None: ...
+
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("instance_id", "sequence", "now_s", "role", "draining", "prefill", "decode", "memory", "events", "first_event_index", "num_dropped_events", "final", "prefill_samples", "decode_steps")
+    __slots__ = ("instance_id", "sequence", "now_s", "role", "draining", "prefill", "decode", "memory", "events", "first_event_index", "num_dropped_events", "final", "prefill_samples", "decode_steps", "host_cpu")
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     NOW_S_FIELD_NUMBER: _ClassVar[int]
@@ -477,6 +489,7 @@ class HeartbeatRequest(_message.Message):
     FINAL_FIELD_NUMBER: _ClassVar[int]
     PREFILL_SAMPLES_FIELD_NUMBER: _ClassVar[int]
     DECODE_STEPS_FIELD_NUMBER: _ClassVar[int]
+    HOST_CPU_FIELD_NUMBER: _ClassVar[int]
     instance_id: str
     sequence: int
     now_s: float
@@ -491,7 +504,8 @@ class HeartbeatRequest(_message.Message):
     final: bool
     prefill_samples: _containers.RepeatedCompositeFieldContainer[PrefillSample]
     decode_steps: _containers.RepeatedCompositeFieldContainer[DecodeStepSample]
-    def __init__(self, instance_id: _Optional[str] = ..., sequence: _Optional[int] = ..., now_s: _Optional[float] = ..., role: _Optional[_Union[Role, str]] = ..., draining: _Optional[bool] = ..., prefill: _Optional[_Union[PrefillLoad, _Mapping]] = ..., decode: _Optional[_Union[DecodeLoad, _Mapping]] = ..., memory: _Optional[_Union[Memory, _Mapping]] = ..., events: _Optional[_Iterable[_Union[KvEvent, _Mapping]]] = ..., first_event_index: _Optional[int] = ..., num_dropped_events: _Optional[int] = ..., final: _Optional[bool] = ..., prefill_samples: _Optional[_Iterable[_Union[PrefillSample, _Mapping]]] = ..., decode_steps: _Optional[_Iterable[_Union[DecodeStepSample, _Mapping]]] = ...) -> None: ...
+    host_cpu: HostCpuSample
+    def __init__(self, instance_id: _Optional[str] = ..., sequence: _Optional[int] = ..., now_s: _Optional[float] = ..., role: _Optional[_Union[Role, str]] = ..., draining: _Optional[bool] = ..., prefill: _Optional[_Union[PrefillLoad, _Mapping]] = ..., decode: _Optional[_Union[DecodeLoad, _Mapping]] = ..., memory: _Optional[_Union[Memory, _Mapping]] = ..., events: _Optional[_Iterable[_Union[KvEvent, _Mapping]]] = ..., first_event_index: _Optional[int] = ..., num_dropped_events: _Optional[int] = ..., final: _Optional[bool] = ..., prefill_samples: _Optional[_Iterable[_Union[PrefillSample, _Mapping]]] = ..., decode_steps: _Optional[_Iterable[_Union[DecodeStepSample, _Mapping]]] = ..., host_cpu: _Optional[_Union[HostCpuSample, _Mapping]] = ...) -> None: ...
 
 class HeartbeatReply(_message.Message):
     __slots__ = ("acknowledged", "rejoin", "message")

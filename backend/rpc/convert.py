@@ -7,7 +7,7 @@ converters that build dispatches take a mapping from instance id to data address
 
 from collections.abc import Iterable, Mapping, Sequence
 
-from backend.policy.calibration import DecodeStepSample, PrefillSample
+from backend.policy.calibration import DecodeStepSample, HostCpuSample, PrefillSample
 from backend.policy.cost_model import DecodeFit
 from backend.policy.effects import (
     ArrivalCheck,
@@ -315,7 +315,28 @@ def heartbeat_to_proto(heartbeat: Heartbeat) -> pb.HeartbeatRequest:
             )
             for s in heartbeat.decode_steps
         ],
+        host_cpu=_host_cpu_to_proto(heartbeat.host_cpu),
     )
+
+
+def _host_cpu_to_proto(sample: HostCpuSample | None) -> pb.HostCpuSample | None:
+    if sample is None:
+        return None
+    return pb.HostCpuSample(
+        host_id=sample.host_id, cpus=sample.cpus, busy_s=sample.busy_s, total_s=sample.total_s
+    )
+
+
+def _host_cpu_from_proto(message: pb.HeartbeatRequest) -> HostCpuSample | None:
+    """The heartbeat's host counters, at its own time; None where it carries none."""
+    if not message.HasField("host_cpu"):
+        return None
+    sample = message.host_cpu
+    if not (sample.host_id and sample.cpus > 0 and 0 <= sample.busy_s <= sample.total_s):
+        raise ValueError(
+            "a heartbeat's host_cpu needs a host id, cpus > 0 and 0 <= busy_s <= total_s"
+        )
+    return HostCpuSample(message.now_s, sample.host_id, sample.cpus, sample.busy_s, sample.total_s)
 
 
 def heartbeat_from_proto(message: pb.HeartbeatRequest) -> Heartbeat:
@@ -359,4 +380,5 @@ def heartbeat_from_proto(message: pb.HeartbeatRequest) -> Heartbeat:
             )
             for s in message.decode_steps
         ),
+        host_cpu=_host_cpu_from_proto(message),
     )

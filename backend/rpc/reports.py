@@ -6,7 +6,7 @@ agent builds them from its parts, the Conductor (and the test harness) reads the
 
 from dataclasses import dataclass
 
-from backend.policy.calibration import DecodeStepSample, PrefillSample
+from backend.policy.calibration import DecodeStepSample, HostCpuSample, PrefillSample
 from backend.policy.events import KvDemoted, KvEvicted, KvStored, Role
 
 KvEvent = KvStored | KvEvicted | KvDemoted
@@ -67,3 +67,5 @@ class Heartbeat:
     # Measured since the last heartbeat, for the Conductor's calibration.
     prefill_samples: tuple[PrefillSample, ...] = ()
     decode_steps: tuple[DecodeStepSample, ...] = ()
+    # Its host's CPU counters as it was sent (None where the agent cannot read them).
+    host_cpu: HostCpuSample | None = None

@@ -1,9 +1,10 @@
 """CalibrationFeed: the agents' measurements into the Conductor's online calibration.
 
-Each heartbeat carries the prefills and decode steps its agent measured; they go into the
-`Calibrator`'s rolling window, on the Conductor's clock. When a refit is due and
-`calibrate` is on, the core believes the refitted cost model from the next event on, and
-the new state is exported as metrics and saved, so it survives a Conductor restart.
+Each heartbeat carries the prefills and decode steps its agent measured, and its host's CPU
+counters; they go into the `Calibrator`'s rolling window, on the Conductor's clock. When a
+refit is due and `calibrate` is on, the core believes the refitted cost model from the next
+event on, and the new state is exported as metrics and saved, so it survives a Conductor
+restart.
 """
 
 import dataclasses
@@ -49,6 +50,15 @@ class CalibrationFeed:
             dataclasses.replace(sample, time_s=min(now_s, sample.time_s + clock_offset_s))
             for sample in heartbeat.decode_steps
         )
+        if heartbeat.host_cpu is not None:
+            calibrator.add_host_cpu(
+                [
+                    dataclasses.replace(
+                        heartbeat.host_cpu,
+                        time_s=min(now_s, heartbeat.host_cpu.time_s + clock_offset_s),
+                    )
+                ]
+            )
         if not (self.calibrate and calibrator.is_due(now_s)):
             return []
         core = self._state.core

@@ -8,14 +8,21 @@ import pytest
 
 from backend.observe.host_share import (
     DecodeLength,
+    HostOther,
     decode_length_share,
+    host_other,
     host_share,
     prefill_rates_by_busy,
     prefill_rates_by_length,
     rates_by_busy,
 )
 from backend.observe.live_profile import _quantiles, live_profile
-from backend.policy.calibration import Calibrator, DecodeStepSample, PrefillSample
+from backend.policy.calibration import (
+    Calibrator,
+    DecodeStepSample,
+    HostCpuSample,
+    PrefillSample,
+)
 from backend.policy.cost_model import CostModel, DecodeFit, LinkModel, PrefillFit
 from backend.rpc.reports import Join
 from twin.host import HostCores
@@ -352,3 +359,68 @@ def test_prefill_luck_is_kept_by_length_class_and_each_class_takes_its_wall_time
     # Too few prefills to split: one class, all of them.
     (only,) = prefill_rates_by_length(time_at[:30], cpu_s[:30])
     assert only.from_s == 0.0 and only.weights == pytest.approx(cpu_s[:30])
+
+
+def _serving_with_counters(
+    other_cores: float, *, host_ids: tuple[str, ...] = ("boot-1",)
+) -> tuple[list[PrefillSample], list[DecodeStepSample], list[HostCpuSample]]:
+    """Ten seconds of serving on a 2-CPU host: four 50-ms prefills a second at 0.04 CPU
+    seconds each and ten decode steps of 0.02 CPU seconds, the rest of the host busy with
+    `other_cores`; the agents' heartbeats read the counters twice a second, one host id
+    after another, starting a second before the first prefill (starting up)."""
+    prefill = [PrefillSample(1.0 + k * 0.25 + 0.05, 200, 0, 0.05, cpu_s=0.04) for k in range(40)]
+    decode = [DecodeStepSample(1.0 + k * 0.1 + 0.02, 2, 400, 0.02, cpu_s=0.02) for k in range(100)]
+    threads_per_s = 4 * 0.04 + 10 * 0.02
+    counters = []
+    busy_s = 100.0
+    for k in range(23):
+        time_s = k * 0.5
+        # Starting up (before the first prefill): a whole core busy, which is left out.
+        busy_s += 0.5 * (1.0 if time_s <= 1.0 else threads_per_s + other_cores)
+        counters.append(
+            HostCpuSample(time_s, host_ids[k % len(host_ids)], 2, busy_s, 2 * time_s + 500)
+        )
+    return prefill, decode, counters
+
+
+def test_the_rest_of_the_hosts_cpu_is_its_busy_time_less_the_agents_compute_threads() -> None:
+    prefill, decode, counters = _serving_with_counters(0.3)
+    other = host_other(counters, prefill, decode, min_prefill_points=20)
+    assert other is not None and other.cpus == 2
+    assert other.cores == pytest.approx(0.3, abs=0.02)  # the start-up's core left out
+    assert other.per_prefill_s == pytest.approx(0.3 / 4, rel=0.1)  # four prefills a second
+    # Not to be told: two hosts' counters, too few prefills, a computation without its CPU
+    # time, no counters at all.
+    _, _, two_hosts = _serving_with_counters(0.3, host_ids=("boot-1", "boot-2"))
+    assert host_other(two_hosts, prefill, decode, min_prefill_points=20) is None
+    assert host_other(counters, prefill, decode, min_prefill_points=41) is None
+    unmeasured = [*decode[:50], DecodeStepSample(decode[50].time_s, 2, 400, 0.02), *decode[51:]]
+    assert host_other(counters, prefill, unmeasured, min_prefill_points=20) is None
+    assert host_other([], prefill, decode, min_prefill_points=20) is None
+
+
+def test_a_live_profile_says_what_the_rest_of_the_host_spent_and_the_twin_reads_it(
+    tmp_path,
+) -> None:
+    prefill, decode = _crowded_window()
+    calibrator = Calibrator(COST)
+    calibrator.add_prefill(prefill)
+    calibrator.add_decode(decode)
+    assert "other" not in live_profile(calibrator, _joins("127.0.0.1", "127.0.0.1"))["host"]
+    serving, steps, counters = _serving_with_counters(0.3)
+    calibrator = Calibrator(COST)
+    calibrator.add_prefill(serving)
+    calibrator.add_decode(steps)
+    calibrator.add_host_cpu(counters)
+    restored = Calibrator(COST)
+    restored.restore(json.loads(json.dumps(calibrator.to_state())))  # kept and restarted
+    profile = live_profile(restored, _joins("127.0.0.1", "127.0.0.1"))
+    other = profile["host"]["other"]
+    assert other["cpus"] == 2 and other["cores"] == pytest.approx(0.3, abs=0.02)
+    path = tmp_path / "live.json"
+    path.write_text(json.dumps(profile))
+    assert load_timing(str(path)).host_cores.other == HostOther(**other)
+    profile["host"]["other"]["cpus"] = 1.5
+    path.write_text(json.dumps(profile))
+    with pytest.raises(ValueError, match=r"host\.other\.cpus"):
+        load_timing(str(path))

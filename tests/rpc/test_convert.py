@@ -2,7 +2,7 @@
 
 import pytest
 
-from backend.policy.calibration import DecodeStepSample, PrefillSample
+from backend.policy.calibration import DecodeStepSample, HostCpuSample, PrefillSample
 from backend.policy.effects import CachePlan, DispatchPrefill, FetchSpan
 from backend.policy.events import KvDemoted, KvEvicted, KvStored
 from backend.policy.index import Tier
@@ -111,3 +111,16 @@ def test_measurements_keep_when_they_ended_across_the_wire() -> None:
     )
     wire = pb.HeartbeatRequest.FromString(heartbeat_to_proto(beat).SerializeToString())
     assert heartbeat_from_proto(wire) == beat
+
+
+def test_the_hosts_cpu_counters_travel_at_the_heartbeats_time_and_bad_ones_are_refused() -> None:
+    counters = HostCpuSample(100.0, "boot-1", 2, 1234.5, 4000.25)
+    beat = Heartbeat(100.0, "p1", 1, "prefill", False, AgentLoad(), host_cpu=counters)
+    wire = pb.HeartbeatRequest.FromString(heartbeat_to_proto(beat).SerializeToString())
+    assert heartbeat_from_proto(wire) == beat
+    without = Heartbeat(100.0, "p1", 2, "prefill", False, AgentLoad())
+    assert heartbeat_from_proto(heartbeat_to_proto(without)).host_cpu is None
+    bad = heartbeat_to_proto(beat)
+    bad.host_cpu.busy_s = 5000.0  # more busy than there was time
+    with pytest.raises(ValueError, match="host_cpu"):
+        heartbeat_from_proto(bad)

@@ -3,9 +3,9 @@
 import pytest
 import simpy
 
-from backend.observe.host_share import DecodeLength
+from backend.observe.host_share import DecodeLength, HostOther
 from twin.decode import DecodeInstance, DecodeJob
-from twin.host import HostCores, SharedHost
+from twin.host import OTHER_RATE_TAU_S, HostCores, SharedHost
 from twin.timing import load_timing
 
 
@@ -113,3 +113,34 @@ def test_a_long_decode_step_gets_less_of_a_core_where_the_profile_measured_it() 
     assert host.rate("decode", measured, 0.040) == pytest.approx(0.8 * 8**-0.2)
     assert host.rate("decode", measured, 0.0001) == 1.0  # at most a whole core
     assert host.rate("prefill", measured, 0.040) == pytest.approx(0.8)  # decode steps only
+
+
+def test_the_rest_of_the_host_takes_more_of_it_when_more_prefills_a_second_are_served() -> None:
+    """Measured: the rest of a 2-CPU host took 0.4 cores while 20 prefills a second were
+    served (20 ms of CPU each). At that load the measured shares stand; at twice the load
+    the rest takes 0.8 cores and three busy agents share 1.2 instead of 1.6; idle, 2."""
+    env = simpy.Environment()
+    host = SharedHost(
+        env, HostCores(1.0, 1.0, other=HostOther(cpus=2, cores=0.4, per_prefill_s=0.02))
+    )
+    host.num_busy = 3
+    assert host.other_factor(3) == pytest.approx(1.0)
+    assert host.rate("prefill", lambda n: 0.5) == pytest.approx(0.5)
+
+    def serve(rate_per_s: float, seconds: float):  # type: ignore[no-untyped-def]
+        for _ in range(round(rate_per_s * seconds)):
+            yield env.timeout(1.0 / rate_per_s)
+            host.note_prefill()
+
+    env.process(serve(40.0, 10 * OTHER_RATE_TAU_S))
+    env.run()
+    assert host.other_factor(3) == pytest.approx(1.2 / 1.6, rel=0.01)
+    assert host.rate("prefill", lambda n: 0.5) == pytest.approx(0.5 * 1.2 / 1.6, rel=0.01)
+    assert host.other_factor(1) == pytest.approx(1.0)  # one agent still has a core of its own
+    env.run(until=env.now + 10 * OTHER_RATE_TAU_S)  # nothing served for a long while
+    assert host.other_factor(3) == pytest.approx(2.0 / 1.6, rel=0.01)
+    assert host.rate("prefill", lambda n: 0.9) == 1.0  # never more than a core
+    # Without the measurement, the shares stand whatever the load.
+    plain = SharedHost(env, HostCores(1.0, 1.0))
+    plain.note_prefill()
+    assert plain.other_factor(3) == 1.0

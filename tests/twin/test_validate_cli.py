@@ -235,6 +235,9 @@ def test_a_short_window_live_and_in_the_twin(tmp_path) -> None:
     assert json.loads(rebuilt.stdout)["settings"]["rebuilt_profile"] is True
     kept = json.loads((out / "config-0" / "live-run.json").read_text())["calibration"]
     assert profile_of_inputs(kept["profile_inputs"]) == kept["profile"]
+    # The agents' host CPU counters came with their heartbeats and were kept.
+    counters = kept["profile_inputs"]["window"]["host_cpu"]
+    assert counters and len({c["host_id"] for c in counters}) == 1
 
 
 def test_repredict_names_a_folder_validate_did_not_write(tmp_path) -> None:

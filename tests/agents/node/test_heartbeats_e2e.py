@@ -3,6 +3,7 @@ secret, pushes its load and KV events every interval, loses no event while the C
 down, and stops its heartbeats on SIGTERM; a wrong secret is refused and retried."""
 
 import itertools
+import os
 import time
 
 import grpc
@@ -104,6 +105,14 @@ def test_heartbeats_carry_load_and_every_kv_event_once_and_stop_on_sigterm(
     assert all(beat.load.dram_capacity_bytes > 0 and not beat.is_final for beat in beats)
     gaps_s = [b.now_s - a.now_s for a, b in itertools.pairwise(beats)]
     assert all(0.5 * INTERVAL_S < gap_s < 10 * INTERVAL_S for gap_s in gaps_s)
+    # Each carries this host's CPU counters, read as it was sent (the calibration's measure
+    # of what the rest of the host spends beside the agents' work).
+    counters = [beat.host_cpu for beat in beats]
+    assert all(c is not None and c.cpus == os.cpu_count() for c in counters)
+    assert len({c.host_id for c in counters}) == 1
+    assert all(
+        a.busy_s <= b.busy_s and a.total_s < b.total_s for a, b in itertools.pairwise(counters)
+    )
 
     # A prefill's KvStored events arrive in a heartbeat, and only once after acknowledgement.
     first = _prefill(agent, "hb-1", 1000)
