@@ -4,9 +4,9 @@ Linux counts, since boot and over all CPUs, the time spent in each state (the fi
 /proc/stat, in clock ticks). The Conductor takes the busy seconds between two heartbeats of
 one host, less what the agents' compute threads measured, as what the rest of the host
 spent (the Conductor, clients, the agents' other threads): measured on a 2-CPU host at
-speed 7, 0.33-0.36 cores in a warm-up and 0.36-0.48 in the busier window after it, which
-slowed the agents' work there by 1-6 %. Agents on one machine report one `host_id` (its
-boot id), so the Conductor counts the machine once.
+speed 7, 0.31-0.43 cores over a warm-up and 0.35-0.48 over the busier window after it
+(0.05 more on average), which the agents' work there lacked. Agents on one machine report
+one `host_id` (its boot id), so the Conductor counts the machine once.
 """
 
 import os

@@ -127,11 +127,13 @@ def host_other(
     a span under MIN_OTHER_SPAN_S, too few prefills in it, or computations without their
     CPU time.
 
-    On a 2-CPU host at speed 7 (2P:1D) this was 0.33-0.36 cores over the warm-up, mostly
-    the Conductor (about 0.19) and the load generator (0.08), and 0.36-0.48 over the busier
-    window after it: about the same CPU per prefill (17-21 ms), the share of a core the
-    agents' work got falling with it. A twin that crowded its window's agents by that much
-    more refused as many requests as live in sum over 28 runs (-13 % before)."""
+    On a 2-CPU host at speed 7 this was 0.31-0.43 cores over the warm-up (20-30 ms of CPU
+    per prefill), mostly the Conductor (about 0.19), the load generator (0.08) and the
+    agents' threads beside their compute (0.1), and 0.05 cores more on average over the
+    busier window after it, the share of a core the agents' prefills got falling with it.
+    A twin crowding its agents by what its own load makes of it refused 1 % more requests
+    than live over 28 kept runs (10 % fewer without); on a fresh set at speed 8, 13 % fewer
+    at 2P:1D (26 % fewer without)."""
     if not host_cpu or not prefill or len({s.host_id for s in host_cpu}) != 1:
         return None
     first_start = min(s.time_s - max(s.seconds, 0.0) for s in prefill)
