@@ -61,6 +61,16 @@ def agents_panel() -> None:
     table([agent_row(agent) for agent in agents])
 
 
+def rest_of_host_caption(other: dict[str, Any]) -> str:
+    """The live profile's `host.other` in words."""
+    return (
+        "The rest of the host beside the agents' compute (the Conductor, clients, the agents' "
+        f"other threads): {other['cores']:.2f} of its {other['cpus']} CPUs, "
+        f"{fmt.seconds(other['per_prefill_s'])} of CPU per prefill served; the twin crowds "
+        "its agents with it as its load grows."
+    )
+
+
 def calibration_panel() -> None:
     """What the Conductor believes against what the agents measured (GET /v1/calibration)."""
     st.subheader("Calibration: the cost model against what the agents measure")
@@ -86,6 +96,9 @@ def calibration_panel() -> None:
         f"{fmt.seconds(serving.get('handover_s'))}"
         + ("" if calibration["enabled"] else "; calibration is off (measured, not applied)")
     )
+    other = (calibration.get("profile") or {}).get("host", {}).get("other")
+    if other:
+        st.caption(rest_of_host_caption(other))
     for note in calibration["notes"]:
         st.info(note)
     if calibration["prefill"] or calibration["decode"]:

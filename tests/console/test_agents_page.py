@@ -4,6 +4,7 @@ empty, and otherwise drains and switches the agent in the running Conductor."""
 
 import time
 
+from console.views.agents import rest_of_host_caption
 from tests.console.conftest import ADMIN_TOKEN
 from tests.console.pages import errors, metrics, num_charts, open_page, sign_in_as_admin
 from tests.harness.agents import AgentProcess, stop_agents
@@ -107,4 +108,15 @@ def test_the_calibration_panel_shows_believed_against_measured(app, backend):
     assert shown["Prefills measured"] == str(calibration["window"]["num_prefill"])
     assert calibration["window"]["num_prefill"] > 0  # the fixture's traffic was measured
     assert num_charts(app) >= 1  # the believed-vs-measured scatter
+    # What the rest of the host spent, where the window measured it (agents on one host).
+    other = calibration["profile"].get("host", {}).get("other")
+    captions = " ".join(c.value for c in app.caption)
+    assert ("The rest of the host" in captions) == (other is not None)
+    if other is not None:
+        assert f"of its {other['cpus']} CPUs" in captions
     assert not errors(app)
+
+
+def test_the_rest_of_the_hosts_cpu_reads_as_cores_of_its_cpus_and_cpu_per_prefill():
+    caption = rest_of_host_caption({"cpus": 2, "cores": 0.4123, "per_prefill_s": 0.0241})
+    assert "0.41 of its 2 CPUs" in caption and "24.1 ms of CPU per prefill" in caption
