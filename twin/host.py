@@ -22,9 +22,10 @@ Where the profile measured what the rest of the host spent while the agents serv
 (`host.other`: the Conductor, the clients, the agents' other threads; so many cores at so
 many prefills a second), the shares are as measured at that load: a twin serving more
 prefills a second leaves its agents less of the host (the rest's CPU grows with the
-prefills, `HostOther.per_prefill_s` each), one serving fewer, more. With n busy agents on
-`cpus` CPUs of which the rest takes o, each gets min(1, (cpus - o) / n); the measured
-shares are scaled by that over the same at the measured o.
+prefills, `HostOther.per_prefill_s` each, above its background `idle_cores`), one serving
+fewer, more. With n busy agents on `cpus` CPUs of which the rest takes o, each gets
+min(1, (cpus - o) / n); the measured shares are scaled by that over the same at the
+measured o.
 """
 
 import math
@@ -79,7 +80,9 @@ class SharedHost:
         other = cores.other
         # Prefills a second (exponentially weighted), from the measured load.
         self._prefill_rate = (
-            other.cores / other.per_prefill_s if other and other.per_prefill_s > 0 else 0.0
+            max(0.0, other.cores - other.idle_cores) / other.per_prefill_s
+            if other and other.per_prefill_s > 0
+            else 0.0
         )
         self._rate_at_s = env.now
 
@@ -97,7 +100,7 @@ class SharedHost:
         if other is None or other.per_prefill_s <= 0 or num_busy < 1:
             return 1.0
         decay = math.exp(-(self.env.now - self._rate_at_s) / OTHER_RATE_TAU_S)
-        now_cores = other.per_prefill_s * self._prefill_rate * decay
+        now_cores = other.idle_cores + other.per_prefill_s * self._prefill_rate * decay
 
         def each(rest_cores: float) -> float:
             return min(1.0, max(other.cpus - rest_cores, MIN_AGENT_CORES) / num_busy)

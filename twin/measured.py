@@ -243,6 +243,11 @@ def _host_other(section: Any) -> HostOther | None:
         cpus=int(cpus),
         cores=number(section, "cores", where, allow_zero=True),
         per_prefill_s=number(section, "per_prefill_s", where, allow_zero=True),
+        idle_cores=(
+            number(section, "idle_cores", where, allow_zero=True)
+            if "idle_cores" in section
+            else 0.0
+        ),
     )
 
 

@@ -27,6 +27,7 @@ The twin runs the solo times and slows them by the same rule with its own count 
 agents (twin/host.py), so a change that crowds the host more is predicted to run slower.
 """
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -99,18 +100,24 @@ class DecodeLength:
 
 # The host's other CPU is measured over at least this span of serving (`host_other`).
 MIN_OTHER_SPAN_S = 5.0
+# Its background is measured over at least this long with no agent computing: a window
+# with less (a busy one, as at speed 8, where nothing is idle) leaves it at 0.
+MIN_IDLE_S = 5.0
 
 
 @dataclass(frozen=True, slots=True)
 class HostOther:
     """What the host spent beyond the agents' compute threads while they served (the
     Conductor, clients, the agents' other threads): `cores` on average over the window
-    (on a host of `cpus`), and `per_prefill_s` of CPU per prefill served, so that a twin
-    serving more prefills a second crowds its agents more (twin/host.py)."""
+    (on a host of `cpus`), of which `idle_cores` it spent whatever the load (its
+    background, measured while no agent computed), and `per_prefill_s` of CPU per prefill
+    served beyond that, so that a twin serving more prefills a second crowds its agents
+    more (twin/host.py)."""
 
     cpus: int
     cores: float
     per_prefill_s: float
+    idle_cores: float = 0.0
 
 
 def host_other(
@@ -126,6 +133,14 @@ def host_other(
     between measured. None with counters of more than one host (agents across hosts),
     a span under MIN_OTHER_SPAN_S, too few prefills in it, or computations without their
     CPU time.
+
+    The background (`idle_cores`) is the rest's CPU over the spans between two counters in
+    which no prefill or decode step computed, where they add up to MIN_IDLE_S; 0 otherwise.
+    Without it a quiet window lends its background to the few prefills it served: on a
+    2-CPU host at speed 1 the rest took 0.11-0.17 cores, 0.04-0.06 of them with nothing
+    computing, and 40-61 ms of CPU per prefill counted whole against 23-32 ms at speed 8
+    (no idle span there), so the twin crowded its agents at speed 1's bursts by far more
+    than live's rest took in them.
 
     On a 2-CPU host at speed 7 this was 0.31-0.43 cores over the warm-up (20-30 ms of CPU
     per prefill), mostly the Conductor (about 0.19), the load generator (0.08) and the
@@ -150,11 +165,31 @@ def host_other(
         return None
     threads_s = sum(float(s.cpu_s or 0.0) for s in inside)
     other_s = max(0.0, (end.busy_s - start.busy_s) - threads_s)
+    span_s = end.time_s - start.time_s
+    idle_cores = _idle_cores(read, _intervals([*prefill, *decode]))
     return HostOther(
         cpus=end.cpus,
-        cores=round(other_s / (end.time_s - start.time_s), 4),
-        per_prefill_s=round(other_s / num_prefills, 6),
+        cores=round(other_s / span_s, 4),
+        per_prefill_s=round(max(0.0, other_s - idle_cores * span_s) / num_prefills, 6),
+        idle_cores=round(idle_cores, 4),
     )
+
+
+def _idle_cores(read: Sequence[HostCpuSample], computing: np.ndarray) -> float:
+    """The host's busy cores over the spans between consecutive counters `read` (sorted)
+    that no computing interval overlaps, where they add up to MIN_IDLE_S; else 0."""
+    order = np.argsort(computing[:, 0])
+    starts, ends = computing[order, 0], np.maximum.accumulate(computing[order, 1])
+    idle_s = busy_s = 0.0
+    for before, after in itertools.pairwise(read):
+        # The last interval starting before `after` reaches furthest of those: free of
+        # them all when it ends by `before`.
+        k = int(np.searchsorted(starts, after.time_s, side="left"))
+        if k and ends[k - 1] > before.time_s:
+            continue
+        idle_s += after.time_s - before.time_s
+        busy_s += after.busy_s - before.busy_s
+    return max(0.0, busy_s / idle_s) if idle_s >= MIN_IDLE_S else 0.0
 
 
 def _intervals(samples: Sequence[PrefillSample | DecodeStepSample]) -> np.ndarray:

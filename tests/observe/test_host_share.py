@@ -399,6 +399,39 @@ def test_the_rest_of_the_hosts_cpu_is_its_busy_time_less_the_agents_compute_thre
     assert host_other([], prefill, decode, min_prefill_points=20) is None
 
 
+def test_the_rest_of_the_hosts_background_is_measured_where_no_agent_computed() -> None:
+    """A quiet window: one second of serving (four prefills, ten decode steps, the rest at
+    0.05 + 0.075 per prefill a second), then a second of nothing but the rest's 0.05, ten
+    times over. The 0.05 is the background, measured over the idle seconds; what the rest
+    spends per prefill is what it spends beyond it, not the whole spread over the few
+    prefills (which would be twice as much)."""
+    prefill, decode, counters = [], [], []
+    busy_s = 100.0
+    for k in range(41):  # a counter every half second, 20 s
+        time_s = k * 0.5
+        serving = int(time_s) % 2 == 0 and time_s > 0  # the half seconds ending in [0, 1)...
+        if serving:
+            prefill += [
+                PrefillSample(time_s - 0.5 + j * 0.25 + 0.05, 200, 0, 0.05, cpu_s=0.04)
+                for j in range(2)
+            ]
+            decode += [
+                DecodeStepSample(time_s - 0.5 + j * 0.1 + 0.02, 2, 400, 0.02, cpu_s=0.02)
+                for j in range(5)
+            ]
+            busy_s += 0.5 * (4 * 0.04 + 10 * 0.02 + 0.05 + 4 * 0.075)
+        elif k:
+            busy_s += 0.5 * 0.05
+        counters.append(HostCpuSample(time_s, "boot-1", 2, busy_s, 2 * time_s + 500))
+    other = host_other(counters, prefill, decode, min_prefill_points=20)
+    assert other is not None
+    assert other.idle_cores == pytest.approx(0.05, abs=0.005)
+    assert other.per_prefill_s == pytest.approx(0.075, rel=0.1)
+    # A window with no idle span (as every busy one): no background, as before.
+    prefill, decode, counters = _serving_with_counters(0.3)
+    assert host_other(counters, prefill, decode, min_prefill_points=20).idle_cores == 0.0
+
+
 def test_a_live_profile_says_what_the_rest_of_the_host_spent_and_the_twin_reads_it(
     tmp_path,
 ) -> None:

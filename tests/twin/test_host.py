@@ -127,12 +127,12 @@ def test_the_rest_of_the_host_takes_more_of_it_when_more_prefills_a_second_are_s
     assert host.other_factor(3) == pytest.approx(1.0)
     assert host.rate("prefill", lambda n: 0.5) == pytest.approx(0.5)
 
-    def serve(rate_per_s: float, seconds: float):  # type: ignore[no-untyped-def]
+    def serve(host: SharedHost, rate_per_s: float, seconds: float):  # type: ignore[no-untyped-def]
         for _ in range(round(rate_per_s * seconds)):
             yield env.timeout(1.0 / rate_per_s)
             host.note_prefill()
 
-    env.process(serve(40.0, 10 * OTHER_RATE_TAU_S))
+    env.process(serve(host, 40.0, 10 * OTHER_RATE_TAU_S))
     env.run()
     assert host.other_factor(3) == pytest.approx(1.2 / 1.6, rel=0.01)
     assert host.rate("prefill", lambda n: 0.5) == pytest.approx(0.5 * 1.2 / 1.6, rel=0.01)
@@ -140,6 +140,21 @@ def test_the_rest_of_the_host_takes_more_of_it_when_more_prefills_a_second_are_s
     env.run(until=env.now + 10 * OTHER_RATE_TAU_S)  # nothing served for a long while
     assert host.other_factor(3) == pytest.approx(2.0 / 1.6, rel=0.01)
     assert host.rate("prefill", lambda n: 0.9) == 1.0  # never more than a core
+    # Of 0.4 cores, 0.1 spent whatever the load (its background): only the 0.3 above it
+    # follows the prefills, so twice the load leaves three busy agents 1.3 cores, idle 1.9.
+    calm = SharedHost(
+        env,
+        HostCores(
+            1.0, 1.0, other=HostOther(cpus=2, cores=0.4, per_prefill_s=0.015, idle_cores=0.1)
+        ),
+    )
+    calm.num_busy = 3
+    assert calm.other_factor(3) == pytest.approx(1.0)
+    env.process(serve(calm, 40.0, 10 * OTHER_RATE_TAU_S))
+    env.run()
+    assert calm.other_factor(3) == pytest.approx(1.3 / 1.6, rel=0.01)
+    env.run(until=env.now + 10 * OTHER_RATE_TAU_S)
+    assert calm.other_factor(3) == pytest.approx(1.9 / 1.6, rel=0.01)
     # Without the measurement, the shares stand whatever the load.
     plain = SharedHost(env, HostCores(1.0, 1.0))
     plain.note_prefill()
