@@ -62,12 +62,14 @@ def agents_panel() -> None:
 
 
 def rest_of_host_caption(other: dict[str, Any]) -> str:
-    """The live profile's `host.other` in words."""
+    """The live profile's `host.other` in words (its background where it was measured)."""
+    idle_cores = other.get("idle_cores") or 0.0
+    background = f" ({idle_cores:.2f} of them whatever the load)" if idle_cores > 0 else ""
     return (
         "The rest of the host beside the agents' compute (the Conductor, clients, the agents' "
-        f"other threads): {other['cores']:.2f} of its {other['cpus']} CPUs, "
-        f"{fmt.seconds(other['per_prefill_s'])} of CPU per prefill served; the twin crowds "
-        "its agents with it as its load grows."
+        f"other threads): {other['cores']:.2f} of its {other['cpus']} CPUs{background}, "
+        f"{fmt.seconds(other['per_prefill_s'])} of CPU per prefill served beyond that; the "
+        "twin crowds its agents with it as its load grows."
     )
 
 

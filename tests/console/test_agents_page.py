@@ -120,3 +120,6 @@ def test_the_calibration_panel_shows_believed_against_measured(app, backend):
 def test_the_rest_of_the_hosts_cpu_reads_as_cores_of_its_cpus_and_cpu_per_prefill():
     caption = rest_of_host_caption({"cpus": 2, "cores": 0.4123, "per_prefill_s": 0.0241})
     assert "0.41 of its 2 CPUs" in caption and "24.1 ms of CPU per prefill" in caption
+    assert "whatever the load" not in caption  # a busy window: no background measured
+    quiet = {"cpus": 2, "cores": 0.15, "per_prefill_s": 0.032, "idle_cores": 0.0541}
+    assert "0.15 of its 2 CPUs (0.05 of them whatever the load)" in rest_of_host_caption(quiet)
