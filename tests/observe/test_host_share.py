@@ -409,7 +409,8 @@ def test_the_rest_of_the_hosts_background_is_measured_where_no_agent_computed() 
     busy_s = 100.0
     for k in range(41):  # a counter every half second, 20 s
         time_s = k * 0.5
-        serving = int(time_s) % 2 == 0 and time_s > 0  # the half seconds ending in [0, 1)...
+        # Serving in the half seconds ending at 0.5, 2.0, 2.5, 4.0, 4.5, ...; idle between.
+        serving = int(time_s) % 2 == 0 and time_s > 0
         if serving:
             prefill += [
                 PrefillSample(time_s - 0.5 + j * 0.25 + 0.05, 200, 0, 0.05, cpu_s=0.04)
@@ -453,6 +454,9 @@ def test_a_live_profile_says_what_the_rest_of_the_host_spent_and_the_twin_reads_
     path = tmp_path / "live.json"
     path.write_text(json.dumps(profile))
     assert load_timing(str(path)).host_cores.other == HostOther(**other)
+    profile["host"]["other"]["idle_cores"] = 0.05  # a quiet window's background
+    path.write_text(json.dumps(profile))
+    assert load_timing(str(path)).host_cores.other.idle_cores == 0.05
     profile["host"]["other"]["cpus"] = 1.5
     path.write_text(json.dumps(profile))
     with pytest.raises(ValueError, match=r"host\.other\.cpus"):
