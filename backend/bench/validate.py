@@ -565,6 +565,14 @@ def directions(configs: Sequence[Mapping[str, Any]]) -> dict[str, int]:
     return {"right": right, "total": total}
 
 
+def run_order(num_changes: int, repeats: int) -> list[tuple[int, int]]:
+    """(config index, run) in the order validate runs them: round by round, every config
+    once a round, so a slow spell of the host (its speed drifts over tens of minutes on
+    these machines) falls on every configuration alike instead of on one, and the
+    configurations' live order (the Kendall tau) is not the host's drift."""
+    return [(index, run) for run in range(repeats) for index in range(num_changes)]
+
+
 def validate(
     settings: ValidateSettings,
     changes: Sequence[Mapping[str, Any]],
@@ -579,36 +587,37 @@ def validate(
             f"the window {settings.minutes} of {settings.trace} holds no request; "
             "choose minutes the trace covers"
         )
-    configs = []
     raw = []
+    by_index: dict[int, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {}
     repeats = settings.repeats
+    order = run_order(len(changes), repeats)
     with tempfile.TemporaryDirectory(prefix="kvc-validate-") as folder:
-        for index, change in enumerate(changes):
-            lives, twins = [], []
-            for run in range(repeats):
-                label = f"config {index + 1}/{len(changes)} {json.dumps(change)}"
-                if repeats > 1:
-                    label += f" run {run + 1}/{repeats}"
+        for position, (index, run) in enumerate(order):
+            change = changes[index]
+            label = f"config {index + 1}/{len(changes)} {json.dumps(change)}"
+            if repeats > 1:
+                label += f" run {run + 1}/{repeats}"
 
-                def status(text: str, i: int = index * repeats + run, label: str = label) -> None:
-                    if on_status is not None:
-                        on_status(f"{label}: {text}", i)
+            def status(text: str, i: int = position, label: str = label) -> None:
+                if on_status is not None:
+                    on_status(f"{label}: {text}", i)
 
-                work_dir = Path(folder) / f"config-{index}" / f"run-{run}"
-                live = run_live(settings, change, work_dir, status)
-                status("predicting the window with the twin")
-                twin = predict(live, settings.block_size, work_dir, seeds=settings.twin_seeds)
-                if not live["report"].get("num_completed"):
-                    raise ValueError(
-                        f"change {json.dumps(change)}: no request completed in the measured "
-                        "window live; nothing to compare (replay a longer window or slower)"
-                    )
-                lives.append(live["report"])
-                twins.append(twin)
-                raw.append(
-                    {"change": dict(change), "index": index, "run": run, "live": live, "twin": twin}
+            work_dir = Path(folder) / f"config-{index}" / f"run-{run}"
+            live = run_live(settings, change, work_dir, status)
+            status("predicting the window with the twin")
+            twin = predict(live, settings.block_size, work_dir, seeds=settings.twin_seeds)
+            if not live["report"].get("num_completed"):
+                raise ValueError(
+                    f"change {json.dumps(change)}: no request completed in the measured "
+                    "window live; nothing to compare (replay a longer window or slower)"
                 )
-            configs.append(config_entry(change, lives, twins))
+            lives, twins = by_index.setdefault(index, ([], []))
+            lives.append(live["report"])
+            twins.append(twin)
+            raw.append(
+                {"change": dict(change), "index": index, "run": run, "live": live, "twin": twin}
+            )
+        configs = [config_entry(changes[index], *by_index[index]) for index in range(len(changes))]
         settings_json = {
             **{k: v for k, v in dataclasses.asdict(settings).items() if k != "trace"},
             "trace": str(settings.trace),

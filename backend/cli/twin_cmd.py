@@ -378,7 +378,8 @@ def validate_command(
         metavar="N",
         help="Live runs of each config (each with its own warm-up and twin prediction): "
         "metrics compare the medians, and with N > 1 the JSON lists every run's figures and "
-        "whether the twin lies within live's spread.",
+        "whether the twin lies within live's spread. The configs take turns (every config's "
+        "first run, then every second one, ...), so the host's drift falls on all alike.",
     ),
     twin_seeds: str = typer.Option(
         "21",

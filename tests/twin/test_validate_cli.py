@@ -16,6 +16,7 @@ from backend.bench.validate import (
     config_entry,
     live_noise_chance,
     median_report,
+    run_order,
 )
 from backend.observe.live_profile import profile_of_inputs
 
@@ -72,6 +73,12 @@ def test_repeated_runs_compare_medians_and_say_whether_the_twin_is_within_live_s
     assert (rejected["live"], rejected["twin"]) == (90, 200) and not rejected["within_live_spread"]
     # One run: the documented shape, nothing more.
     assert set(compare_runs(lives[:1], twins[:1])["ttft_p50_s"]) == {"live", "twin", "rel_err"}
+
+
+def test_repeated_runs_take_turns_so_the_hosts_drift_falls_on_every_config() -> None:
+    # Round by round: the first run of each config, then the second of each, ...
+    assert run_order(3, 2) == [(0, 0), (1, 0), (2, 0), (0, 1), (1, 1), (2, 1)]
+    assert run_order(2, 1) == [(0, 0), (1, 0)]
 
 
 def test_the_twins_seeds_are_combined_metric_by_metric() -> None:
