@@ -54,11 +54,20 @@ class LiveCalibration:
     otherwise from the window's first second, and refused in other bursts than live did.
     So the twin takes it over at `from_s`: its replay of the warm-up refits nothing and adds
     no measurement (the warm-up's are live's), and from `from_s` on it refits when live's
-    next refit was due, on live's warm-up measurements and its own of the window."""
+    next refit was due, on live's warm-up measurements and its own of the window.
+
+    `beliefs`: what live believed over the warm-up, (from when, model), oldest first, the
+    first from before the replay's start: the twin's replay of the warm-up believes each
+    from its time, so it refuses (or not) the warm-up's requests near an SLO by the model
+    live judged them by (on a speed-1 warm-up one 3,770-token request was refused or not by
+    whether live's refit of that second had come, and with it 3,760 reused tokens of a
+    later one). None for runs kept before live kept them: the replay then believes the
+    model of the warm-up's end throughout."""
 
     state: Mapping[str, Any]
     last_refit_s: float  # -inf: it had not refit
     from_s: float
+    beliefs: Sequence[tuple[float, CostModel]] | None = None
 
 
 class TwinCluster(EffectHandler):
@@ -84,6 +93,8 @@ class TwinCluster(EffectHandler):
         # Until the window's start the calibration is live's (LiveCalibration).
         self._calibrating = self.calibrator is not None and live_calibration is None
         if self.calibrator is not None and live_calibration is not None:
+            if live_calibration.beliefs is not None:
+                self.env.process(self._believe_as_live(live_calibration))
             self.env.process(self._take_over(live_calibration))
         self.recorder = Recorder()
         self._arrivals: dict[str, ev.RequestArrived] = {}
@@ -390,6 +401,17 @@ class TwinCluster(EffectHandler):
         sample = DecodeStepSample(self.env.now, batch_size, context_tokens, step_s)
         self.calibrator.add_decode([sample] * num_steps)
         self._refit_if_due()
+
+    def _believe_as_live(self, live: LiveCalibration) -> Generator[Any, Any, None]:
+        """Until the window's start, believe each model live believed from when it did."""
+        assert live.beliefs is not None
+        for time_s, cost in live.beliefs:
+            if time_s >= live.from_s:
+                return
+            if time_s > self.env.now:
+                yield self.env.timeout(time_s - self.env.now)
+            if cost != self.core.cost:
+                self.core.recost(cost)
 
     def _take_over(self, live: LiveCalibration) -> Generator[Any, Any, None]:
         """At the window's start, believe and calibrate from where live's Conductor was."""

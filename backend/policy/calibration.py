@@ -144,6 +144,11 @@ class Calibrator:
         # enough, not a whole interval after a refit of the others.
         self.waiting: tuple[str, ...] = ()
         self.last_refit: Refit | None = None
+        # When each refit over the window put a new model in force, oldest first: what the
+        # Conductor believed when, so a twin replaying that stretch believes the same (a
+        # long prefill's believed time moves by a third between a warm-up's refits, and a
+        # request near its TTFT SLO is refused or not by the model of that moment).
+        self.beliefs: deque[tuple[float, CostModel]] = deque()
 
     # -- the window -------------------------------------------------------------------------
     def add_prefill(self, samples: Iterable[PrefillSample]) -> None:
@@ -180,6 +185,9 @@ class Calibrator:
                 kept = [sample for sample in window if sample.time_s >= oldest_s]
                 window.clear()
                 window.extend(kept)
+        # The newest model from before the window stays: it was in force as the window began.
+        while len(self.beliefs) > 1 and self.beliefs[1][0] <= oldest_s:
+            self.beliefs.popleft()
 
     # -- refits -----------------------------------------------------------------------------
     def refit(self, now_s: float) -> Refit:
@@ -218,6 +226,8 @@ class Calibrator:
         self.cost = replace(cost, prefill=prefill, decode=decode, serving=serving)
         if updated and not self.cost.name.startswith("calibrated-"):
             self.cost = replace(self.cost, name=f"calibrated-{cost.name}")
+        if self.cost != cost:
+            self.beliefs.append((now_s, self.cost))
         self.last_refit = Refit(self.cost, tuple(updated), tuple(notes))
         return self.last_refit
 
@@ -304,6 +314,7 @@ class Calibrator:
         copy.last_refit_s, copy.num_refits = self.last_refit_s, self.num_refits
         copy.waiting = self.waiting
         copy.last_refit = self.last_refit
+        copy.beliefs.extend(self.beliefs)
         return copy
 
     def to_state(self, max_samples: int = 1024) -> dict[str, Any]:
@@ -316,6 +327,10 @@ class Calibrator:
             "decode": [asdict(s) for s in list(self.decode)[-max_samples:]],
             "serving": [asdict(s) for s in list(self.serving)[-max_samples:]],
             "host_cpu": [asdict(s) for s in list(self.host_cpu)[-max_samples:]],
+            "beliefs": [
+                {"time_s": time_s, "cost": cost.to_profile()}
+                for time_s, cost in list(self.beliefs)[-max_samples:]
+            ],
         }
 
     def restore(self, state: Mapping[str, Any]) -> None:
@@ -327,6 +342,10 @@ class Calibrator:
             serving = [ServingSample(**s) for s in state.get("serving", [])]
             host_cpu = [HostCpuSample(**s) for s in state.get("host_cpu", [])]
             num_refits = int(state.get("num_refits", 0))
+            beliefs = [  # absent from states saved before they were kept
+                (float(b["time_s"]), CostModel.from_profile(b["cost"]))
+                for b in state.get("beliefs", [])
+            ]
         except (KeyError, TypeError) as error:
             raise ValueError(f"calibration state is malformed: {error}") from None
         self.cost = cost
@@ -339,6 +358,8 @@ class Calibrator:
         self.serving.extend(serving)
         self.host_cpu.clear()
         self.host_cpu.extend(host_cpu)
+        self.beliefs.clear()
+        self.beliefs.extend(beliefs)
 
 
 def _too_few(kind: str, have: int, need: int) -> str:

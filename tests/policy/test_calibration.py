@@ -1,5 +1,7 @@
 """Calibration on hand-made measurements: too few points, outliers, bounded change, restart."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -108,6 +110,27 @@ def test_its_state_survives_a_restart_and_bad_state_changes_nothing() -> None:
     with pytest.raises(ValueError, match="malformed"):
         restarted.restore({"cost": BASE.to_profile(), "prefill": [{"nope": 1}]})
     assert restarted.cost == calibrator.cost
+
+
+def test_it_keeps_what_it_believed_when_over_its_window() -> None:
+    calibrator = Calibrator(BASE, CalibrationConfig(window_s=10.0, refit_interval_s=0))
+    prefill, decode = measured(100, t_s=1.0)
+    calibrator.add_prefill(prefill)
+    calibrator.add_decode(decode)
+    first = calibrator.refit(1.0).cost
+    assert calibrator.refit(2.0).cost != first  # the bounded refit goes on moving
+    second = calibrator.cost
+    assert calibrator.refit(3.0).cost == second  # converged: no new belief
+    assert list(calibrator.beliefs) == [(1.0, first), (2.0, second)]
+    # Past the window only the model in force as it began stays.
+    calibrator.refit(20.0)
+    assert list(calibrator.beliefs) == [(2.0, second)]
+    restarted = Calibrator(BASE)
+    restarted.restore(json.loads(json.dumps(calibrator.to_state())))
+    assert list(restarted.beliefs) == [(2.0, second)]
+    older = {k: v for k, v in calibrator.to_state().items() if k != "beliefs"}
+    restarted.restore(older)  # a state saved before beliefs were kept
+    assert not restarted.beliefs and restarted.cost == second
 
 
 def test_a_snapshot_keeps_the_window_and_model_of_its_moment() -> None:

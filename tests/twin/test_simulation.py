@@ -235,3 +235,37 @@ def test_a_twin_takes_over_lives_calibration_at_the_windows_start(shipped_trace,
     assert due["num_refits"] == 5 + 2
     refit = CostModel.from_profile(due["policy_cost_model_end"])
     assert refit.prefill_time_s(500, 0) < 0.8 * believed.prefill_time_s(500, 0)
+
+
+def test_a_twin_replaying_lives_warm_up_believes_what_live_believed_then(shipped_trace, tmp_path):
+    """Before the window the twin's Conductor believes each model live believed, from when
+    live did: requests near an SLO are judged by the model of their moment, not by the one
+    the warm-up ended with."""
+    from backend.policy.calibration import Calibrator
+    from backend.policy.cost_model import CostModel
+    from backend.traces.arrivals import arrivals_from_rows
+    from twin.cluster import LiveCalibration
+    from twin.timing import read_profile
+
+    data, _ = read_profile("tiny-cpu")
+    truth = CostModel.from_profile(data)
+    hopeless = replace(truth, prefill=replace(truth.prefill, fixed_s=5000.0), name="hopeless")
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps({**data, "believed": truth.to_profile()}))
+    state = json.loads(json.dumps(Calibrator(truth).to_state()))
+    rows = load_trace(shipped_trace, minutes=(0.0, 0.6))  # nine seconds at speed 4
+    config = TwinConfig(
+        num_prefill=2, num_decode=1, profile=str(path), seed=3, calibrate=True, speed=4.0,
+        ttft_slo_s=1000.0, tbt_slo_s=10.0,
+    )  # fmt: skip
+
+    def refused_before(beliefs) -> list[float]:
+        taken = LiveCalibration(state, last_refit_s=-math.inf, from_s=4.0, beliefs=beliefs)
+        report = simulate(config, rows, live_calibration=taken)
+        return [r["arrival_s"] for r in report["requests"] if r["outcome"] == "rejected"]
+
+    arrivals = [a.now_s for a in arrivals_from_rows(rows, block_size=16, speed=4.0)]
+    assert refused_before(None) == []  # the warm-up's end's model throughout: all taken
+    # Live believed a hopeless model until its refit 2 s in: the twin refuses until then.
+    refused = refused_before([(-math.inf, hopeless), (2.0, truth)])
+    assert refused == [t for t in arrivals if t < 2.0] and refused
