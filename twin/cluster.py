@@ -60,9 +60,9 @@ class LiveCalibration:
     first from before the replay's start: the twin's replay of the warm-up believes each
     from its time, so it refuses (or not) the warm-up's requests near an SLO by the model
     live judged them by (on a speed-1 warm-up one 3,770-token request was refused or not by
-    whether live's refit of that second had come, and with it 3,760 reused tokens of a
-    later one). None for runs kept before live kept them: the replay then believes the
-    model of the warm-up's end throughout."""
+    the model live had refitted 24 s in from the warm-up's first long prefills, and with it
+    went 3,760 reused tokens of a later one). None for runs kept before live kept them: the
+    replay then believes the model of the warm-up's end throughout."""
 
     state: Mapping[str, Any]
     last_refit_s: float  # -inf: it had not refit

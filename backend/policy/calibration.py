@@ -145,9 +145,9 @@ class Calibrator:
         self.waiting: tuple[str, ...] = ()
         self.last_refit: Refit | None = None
         # When each refit over the window put a new model in force, oldest first: what the
-        # Conductor believed when, so a twin replaying that stretch believes the same (a
-        # long prefill's believed time moves by a third between a warm-up's refits, and a
-        # request near its TTFT SLO is refused or not by the model of that moment).
+        # Conductor believed when, so a twin replaying that stretch believes the same (over
+        # a warm-up a long prefill's believed time moves by up to 3x from refit to refit, and
+        # a request near its TTFT SLO is refused or not by the model of its moment).
         self.beliefs: deque[tuple[float, CostModel]] = deque()
 
     # -- the window -------------------------------------------------------------------------
