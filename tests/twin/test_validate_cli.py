@@ -2,6 +2,7 @@
 run live (its own stack per config) and in the twin, with the result's documented shape."""
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +19,9 @@ from backend.bench.validate import (
     median_report,
     run_order,
 )
+from backend.bench.validate import _beliefs as beliefs_on_twins_clock
 from backend.observe.live_profile import profile_of_inputs
+from backend.policy.cost_model import CostModel
 
 KVCENTRIC = str(Path(sys.executable).parent / "kvcentric")
 
@@ -79,6 +82,21 @@ def test_repeated_runs_take_turns_so_the_hosts_drift_falls_on_every_config() -> 
     # Round by round: the first run of each config, then the second of each, ...
     assert run_order(3, 2) == [(0, 0), (1, 0), (2, 0), (0, 1), (1, 1), (2, 1)]
     assert run_order(2, 1) == [(0, 0), (1, 0)]
+
+
+def test_lives_beliefs_reach_the_twin_on_its_clock_from_its_starting_model() -> None:
+    from twin.timing import read_profile
+
+    base = CostModel.from_profile(read_profile("tiny-cpu")[0])
+    refit = base.to_profile() | {"name": "refit"}
+    inputs = {"base": base.to_profile(), "window": {"beliefs": [{"time_s": 130.0, "cost": refit}]}}
+    # The first refit came 30 s into the replay: the starting model was believed until then.
+    beliefs = beliefs_on_twins_clock(inputs, zero_s=100.0)
+    assert beliefs == [(-math.inf, base), (30.0, CostModel.from_profile(refit))]
+    # A refit from before the replay's start was in force at it: the starting model was not.
+    assert beliefs_on_twins_clock(inputs, zero_s=140.0) == [(-10.0, CostModel.from_profile(refit))]
+    # Kept before beliefs were: none, and the twin believes the warm-up's end's model.
+    assert beliefs_on_twins_clock({"base": base.to_profile(), "window": {}}, zero_s=0.0) is None
 
 
 def test_the_twins_seeds_are_combined_metric_by_metric() -> None:
@@ -245,6 +263,8 @@ def test_a_short_window_live_and_in_the_twin(tmp_path) -> None:
     # The agents' host CPU counters came with their heartbeats and were kept.
     counters = kept["profile_inputs"]["window"]["host_cpu"]
     assert counters and len({c["host_id"] for c in counters}) == 1
+    # What live's Conductor believed when came too (the twin's replay of the warm-up reads it).
+    assert all(b["cost"]["prefill"] for b in kept["profile_inputs"]["window"]["beliefs"])
 
 
 def test_repredict_names_a_folder_validate_did_not_write(tmp_path) -> None:
