@@ -107,12 +107,20 @@ class CalibrationConfig:
     # A refit moves the median prediction over the window by at most this factor.
     max_change_factor: float = 2.0
     refit_interval_s: float = 10.0
+    # A part is refitted as soon as its points in the window have grown by this factor since
+    # its last fit, interval or not: a first fit from 20 prefills is a rough one (at speed 8
+    # it was believed over the rest of a 7.5-s warm-up, a 2,000-token prefill's believed time
+    # anywhere from 0.38 to 0.94 s over five runs), and refitting as the points double
+    # settles it within a few seconds of a start.
+    refit_growth: float = 2.0
 
     def __post_init__(self) -> None:
         if not (self.window_s > 0 and self.refit_interval_s >= 0 and self.max_samples > 0):
             raise ValueError("window_s, max_samples must be positive, refit_interval_s >= 0")
         if not self.max_change_factor > 1.0:
             raise ValueError(f"max_change_factor must exceed 1, got {self.max_change_factor}")
+        if not self.refit_growth > 1.0:
+            raise ValueError(f"refit_growth must exceed 1, got {self.refit_growth}")
         for name in ("min_prefill_points", "min_decode_points", "min_serving_points"):
             if getattr(self, name) < 3:
                 raise ValueError(f"{name} must be at least 3 (a fit has three terms)")
@@ -143,6 +151,8 @@ class Calibrator:
         # The parts the last refit kept for too few points: each is due as soon as it has
         # enough, not a whole interval after a refit of the others.
         self.waiting: tuple[str, ...] = ()
+        # How many points each part was last fitted from (`refit_growth`).
+        self.fitted_points: dict[str, int] = {}
         self.last_refit: Refit | None = None
         # When each refit over the window put a new model in force, oldest first: what the
         # Conductor believed when, so a twin replaying that stretch believes the same (over
@@ -164,13 +174,19 @@ class Calibrator:
         self.host_cpu.extend(samples)
 
     def is_due(self, now_s: float) -> bool:
-        """Whether to refit now: an interval after the last refit, or at once when a part
-        the last refit kept for too few points now has enough (at speed 8 a Conductor's
-        first refit fitted the serving path alone, 4 s into a 7.5 s warm-up, and prefill
-        waited 10 s, past the warm-up, on the idle profile)."""
+        """Whether to refit now: an interval after the last refit; at once when a part the
+        last refit kept for too few points now has enough (at speed 8 a Conductor's first
+        refit fitted the serving path alone, 4 s into a 7.5 s warm-up, and prefill waited
+        10 s, past the warm-up, on the idle profile); at once when a part's points have grown
+        `refit_growth`-fold since its fit."""
         if now_s - self.last_refit_s >= self.config.refit_interval_s:
             return True
-        return any(self._num_points(part) >= self._min_points(part) for part in self.waiting)
+        if any(self._num_points(part) >= self._min_points(part) for part in self.waiting):
+            return True
+        growth = self.config.refit_growth
+        return any(
+            self._num_points(part) >= growth * fitted for part, fitted in self.fitted_points.items()
+        )
 
     def _num_points(self, part: str) -> int:
         return len({"prefill": self.prefill, "decode": self.decode, "serving": self.serving}[part])
@@ -222,6 +238,7 @@ class Calibrator:
         if updated:  # counted and timed only when a part was fitted
             self.last_refit_s = now_s
             self.num_refits += 1
+        self.fitted_points.update((part, self._num_points(part)) for part in updated)
         self.waiting = tuple(p for p in ("prefill", "decode", "serving") if p not in updated)
         self.cost = replace(cost, prefill=prefill, decode=decode, serving=serving)
         if updated and not self.cost.name.startswith("calibrated-"):
@@ -313,6 +330,7 @@ class Calibrator:
         copy.host_cpu.extend(self.host_cpu)
         copy.last_refit_s, copy.num_refits = self.last_refit_s, self.num_refits
         copy.waiting = self.waiting
+        copy.fitted_points = dict(self.fitted_points)
         copy.last_refit = self.last_refit
         copy.beliefs.extend(self.beliefs)
         return copy
@@ -323,6 +341,7 @@ class Calibrator:
         return {
             "cost": self.cost.to_profile(),
             "num_refits": self.num_refits,
+            "fitted_points": dict(self.fitted_points),
             "prefill": [asdict(s) for s in list(self.prefill)[-max_samples:]],
             "decode": [asdict(s) for s in list(self.decode)[-max_samples:]],
             "serving": [asdict(s) for s in list(self.serving)[-max_samples:]],
@@ -342,14 +361,19 @@ class Calibrator:
             serving = [ServingSample(**s) for s in state.get("serving", [])]
             host_cpu = [HostCpuSample(**s) for s in state.get("host_cpu", [])]
             num_refits = int(state.get("num_refits", 0))
+            # Absent from states saved before it was kept: refits then wait for the interval.
+            fitted_points = {
+                str(part): int(n) for part, n in state.get("fitted_points", {}).items()
+            }
             beliefs = [  # absent from states saved before they were kept
                 (float(b["time_s"]), CostModel.from_profile(b["cost"]))
                 for b in state.get("beliefs", [])
             ]
-        except (KeyError, TypeError) as error:
+        except (KeyError, TypeError, AttributeError) as error:
             raise ValueError(f"calibration state is malformed: {error}") from None
         self.cost = cost
         self.num_refits = num_refits
+        self.fitted_points = fitted_points
         self.prefill.clear()
         self.prefill.extend(prefill)
         self.decode.clear()

@@ -152,13 +152,16 @@ class ConductorSettings(BaseSettings):
 
     # Calibration (backend/policy/calibration.py): the cost model is refitted online from
     # the prefills and decode steps the agents measure, over a rolling window, never from
-    # fewer points than these, moving at most this factor per refit. Off: the profile stays.
+    # fewer points than these, moving at most this factor per refit, every interval and as
+    # soon as a part's points have grown by `calibration_refit_growth` since its last fit.
+    # Off: the profile stays.
     calibrate: bool = True
     calibration_window_s: Seconds = 600.0
     calibration_refit_interval_s: Seconds = 10.0
     calibration_min_prefill_points: int = Field(default=20, ge=3)
     calibration_min_decode_points: int = Field(default=50, ge=3)
     calibration_max_change_factor: float = Field(default=2.0, gt=1, allow_inf_nan=False)
+    calibration_refit_growth: float = Field(default=2.0, gt=1, allow_inf_nan=False)
 
     # What the REST API serves: the model name clients must ask for, and the longest prompt
     # and output it accepts (longer ones get 400 before anything is admitted).
@@ -281,6 +284,7 @@ class ConductorSettings(BaseSettings):
             min_decode_points=self.calibration_min_decode_points,
             max_change_factor=self.calibration_max_change_factor,
             refit_interval_s=self.calibration_refit_interval_s,
+            refit_growth=self.calibration_refit_growth,
         )
 
     def policy_config(self) -> PolicyConfig:

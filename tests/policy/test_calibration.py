@@ -183,6 +183,42 @@ def test_a_part_kept_for_too_few_points_is_due_as_soon_as_it_has_them() -> None:
     assert calibrator.waiting == () and not calibrator.is_due(12.0) and calibrator.is_due(13.0)
 
 
+def test_a_young_fit_is_refitted_as_its_points_double() -> None:
+    """A first fit from the minimum of points is rough: it is refitted as soon as its points
+    have doubled, not a whole interval later (at speed 8 the fit from a warm-up's first 20
+    prefills was believed over the rest of it); the counts survive a restart."""
+    config = CalibrationConfig(refit_interval_s=10.0, min_decode_points=3)
+    calibrator = Calibrator(BASE, config)
+    prefill, decode = measured(200)
+    calibrator.add_prefill(prefill[:20])
+    calibrator.add_decode(decode[:20])
+    assert set(calibrator.refit(1.0).updated) == {"prefill", "decode"}
+    assert calibrator.fitted_points == {"prefill": 20, "decode": 20}
+    calibrator.add_prefill(prefill[20:39])
+    assert not calibrator.is_due(2.0)  # 39 points: not yet doubled, the interval not over
+    calibrator.add_prefill(prefill[39:40])
+    assert calibrator.is_due(2.0)
+    assert set(calibrator.refit(2.0).updated) == {"prefill", "decode"}
+    assert calibrator.fitted_points == {"prefill": 40, "decode": 20}
+    calibrator.add_prefill(prefill[40:79])
+    calibrator.add_decode(decode[20:39])
+    assert not calibrator.is_due(3.0)
+    restarted = Calibrator(BASE, config)
+    restarted.restore(json.loads(json.dumps(calibrator.to_state())))
+    assert restarted.fitted_points == calibrator.fitted_points
+    restarted.last_refit_s = calibrator.last_refit_s  # as the twin takes over live's
+    assert not restarted.is_due(3.0)
+    calibrator.add_decode(decode[39:40])  # decode's points doubled
+    restarted.add_decode(decode[39:40])
+    assert calibrator.is_due(3.0) and restarted.is_due(3.0)
+    older = {k: v for k, v in calibrator.to_state().items() if k != "fitted_points"}
+    restarted.restore(older)  # a state saved before the counts were kept: the interval rules
+    restarted.last_refit_s = calibrator.last_refit_s
+    assert restarted.fitted_points == {} and not restarted.is_due(3.0)
+    with pytest.raises(ValueError, match="refit_growth"):
+        CalibrationConfig(refit_growth=1.0)
+
+
 def test_the_answer_s_way_back_is_its_own_term_of_the_ttft_overhead() -> None:
     """Samples that split the way to and from the prefill agent give each its median, and
     admission's TTFT overhead counts both; samples without the split (an agent that does not
