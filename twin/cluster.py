@@ -14,7 +14,12 @@ from typing import Any
 import simpy
 
 from backend.policy import events as ev
-from backend.policy.calibration import Calibrator, DecodeStepSample, PrefillSample
+from backend.policy.calibration import (
+    CalibrationConfig,
+    Calibrator,
+    DecodeStepSample,
+    PrefillSample,
+)
 from backend.policy.core import ConductorCore
 from backend.policy.cost_model import CostModel
 from backend.policy.decode_load import check_decode_arrival, load_of
@@ -68,6 +73,8 @@ class LiveCalibration:
     last_refit_s: float  # -inf: it had not refit
     from_s: float
     beliefs: Sequence[tuple[float, CostModel]] | None = None
+    # The rules live refitted by (its `calibration_*` settings); None: the defaults.
+    config: CalibrationConfig | None = None
 
 
 class TwinCluster(EffectHandler):
@@ -89,7 +96,8 @@ class TwinCluster(EffectHandler):
         self.timing = timing
         self.env = simpy.Environment()
         self.core = ConductorCore(self.policy, cost)
-        self.calibrator = Calibrator(cost) if config.calibrate else None
+        rules = (live_calibration and live_calibration.config) or CalibrationConfig()
+        self.calibrator = Calibrator(cost, rules) if config.calibrate else None
         # Until the window's start the calibration is live's (LiveCalibration).
         self._calibrating = self.calibrator is not None and live_calibration is None
         if self.calibrator is not None and live_calibration is not None:

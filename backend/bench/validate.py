@@ -28,6 +28,7 @@ import numpy as np
 
 from backend.cli.children import KVCENTRIC, WARMUP_TOKENS, Child, get_json, start_local_stack
 from backend.observe.measures import FIDELITY_METRICS, relative_error
+from backend.policy.calibration import CalibrationConfig
 from backend.policy.config import PolicyConfig, json_safe, policy_from_json
 from backend.policy.cost_model import CostModel
 from backend.traces.loader import TraceRow, iter_trace, load_trace, parse_minutes
@@ -350,7 +351,15 @@ def _live_calibration(
         last_refit_s=-math.inf if last_refit_s is None else float(last_refit_s) - zero_s,
         from_s=measure_from_s,
         beliefs=_beliefs(inputs, zero_s),
+        config=_rules(inputs),
     )
+
+
+def _rules(inputs: Mapping[str, Any]) -> CalibrationConfig:
+    """The calibration settings live refitted by; a setting added since the run was kept
+    takes its default."""
+    known = {field.name for field in dataclasses.fields(CalibrationConfig)}
+    return CalibrationConfig(**{k: v for k, v in inputs.get("config", {}).items() if k in known})
 
 
 def _beliefs(inputs: Mapping[str, Any], zero_s: float) -> list[tuple[float, CostModel]] | None:

@@ -196,7 +196,12 @@ def test_a_twin_takes_over_lives_calibration_at_the_windows_start(shipped_trace,
     """Predicting a live window, the twin believes what live's Conductor believed as the
     window began and refits when live's next refit was due, on live's measurements of the
     warm-up and its own of the window: its replay of the warm-up refits nothing."""
-    from backend.policy.calibration import Calibrator, DecodeStepSample, PrefillSample
+    from backend.policy.calibration import (
+        CalibrationConfig,
+        Calibrator,
+        DecodeStepSample,
+        PrefillSample,
+    )
     from backend.policy.cost_model import CostModel
     from twin.cluster import LiveCalibration
     from twin.timing import load_timing, read_profile
@@ -221,8 +226,8 @@ def test_a_twin_takes_over_lives_calibration_at_the_windows_start(shipped_trace,
         num_prefill=2, num_decode=1, profile=str(path), seed=3, calibrate=True, speed=4.0
     )
 
-    def predict(last_refit_s: float) -> dict:
-        taken = LiveCalibration(state, last_refit_s=last_refit_s, from_s=4.0)
+    def predict(last_refit_s: float, rules: CalibrationConfig | None = None) -> dict:
+        taken = LiveCalibration(state, last_refit_s=last_refit_s, from_s=4.0, config=rules)
         return simulate(config, rows, measure_from_s=4.0, live_calibration=taken)
 
     on_its_own = simulate(config, rows, measure_from_s=4.0)
@@ -233,6 +238,9 @@ def test_a_twin_takes_over_lives_calibration_at_the_windows_start(shipped_trace,
     not_due = predict(last_refit_s=3.99)
     due = predict(last_refit_s=-math.inf)
     assert not_due["num_refits"] >= 5 + 1 and due["num_refits"] == not_due["num_refits"] + 1
+    # Live's own rules hold in the twin: had live refitted by the interval alone, once.
+    by_interval = predict(last_refit_s=3.99, rules=CalibrationConfig(refit_growth=1e9))
+    assert by_interval["num_refits"] == 5 + 1
     refit = CostModel.from_profile(due["policy_cost_model_end"])
     assert refit.prefill_time_s(500, 0) < 0.8 * believed.prefill_time_s(500, 0)
 
