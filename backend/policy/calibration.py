@@ -365,11 +365,13 @@ class Calibrator:
             fitted_points = {
                 str(part): int(n) for part, n in state.get("fitted_points", {}).items()
             }
+            if unknown := set(fitted_points) - {"prefill", "decode", "serving"}:
+                raise ValueError(f"no part {sorted(unknown)} to count fitted points of")
             beliefs = [  # absent from states saved before they were kept
                 (float(b["time_s"]), CostModel.from_profile(b["cost"]))
                 for b in state.get("beliefs", [])
             ]
-        except (KeyError, TypeError, AttributeError) as error:
+        except (KeyError, TypeError, AttributeError, ValueError) as error:
             raise ValueError(f"calibration state is malformed: {error}") from None
         self.cost = cost
         self.num_refits = num_refits

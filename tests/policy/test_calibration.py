@@ -215,6 +215,9 @@ def test_a_young_fit_is_refitted_as_its_points_double() -> None:
     restarted.restore(older)  # a state saved before the counts were kept: the interval rules
     restarted.last_refit_s = calibrator.last_refit_s
     assert restarted.fitted_points == {} and not restarted.is_due(3.0)
+    for bad in ({"prompts": 3}, {"prefill": "many"}, ["prefill"]):
+        with pytest.raises(ValueError, match="malformed"):
+            restarted.restore({**older, "fitted_points": bad})
     with pytest.raises(ValueError, match="refit_growth"):
         CalibrationConfig(refit_growth=1.0)
 
