@@ -351,15 +351,8 @@ def _live_calibration(
         last_refit_s=-math.inf if last_refit_s is None else float(last_refit_s) - zero_s,
         from_s=measure_from_s,
         beliefs=_beliefs(inputs, zero_s),
-        config=_rules(inputs),
+        config=CalibrationConfig.from_json(inputs.get("config", {})),
     )
-
-
-def _rules(inputs: Mapping[str, Any]) -> CalibrationConfig:
-    """The calibration settings live refitted by; a setting added since the run was kept
-    takes its default."""
-    known = {field.name for field in dataclasses.fields(CalibrationConfig)}
-    return CalibrationConfig(**{k: v for k, v in inputs.get("config", {}).items() if k in known})
 
 
 def _beliefs(inputs: Mapping[str, Any], zero_s: float) -> list[tuple[float, CostModel]] | None:

@@ -182,7 +182,7 @@ def profile_of_inputs(inputs: Mapping[str, Any], *, name: str = "live") -> dict[
     are malformed."""
     try:
         calibrator = Calibrator(
-            CostModel.from_profile(inputs["base"]), CalibrationConfig(**inputs["config"])
+            CostModel.from_profile(inputs["base"]), CalibrationConfig.from_json(inputs["config"])
         )
         agents = [Join(**agent) for agent in inputs["agents"]]
         links = list(inputs.get("links", []))

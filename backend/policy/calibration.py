@@ -114,6 +114,13 @@ class CalibrationConfig:
     # settles it within a few seconds of a start.
     refit_growth: float = 2.0
 
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "CalibrationConfig":
+        """The settings as `asdict` saved them (a kept run's `profile_inputs`); a setting
+        added since takes its default, one since removed is ignored."""
+        known = {name for name in cls.__dataclass_fields__}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
     def __post_init__(self) -> None:
         if not (self.window_s > 0 and self.refit_interval_s >= 0 and self.max_samples > 0):
             raise ValueError("window_s, max_samples must be positive, refit_interval_s >= 0")

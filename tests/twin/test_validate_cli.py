@@ -20,7 +20,6 @@ from backend.bench.validate import (
     run_order,
 )
 from backend.bench.validate import _beliefs as beliefs_on_twins_clock
-from backend.bench.validate import _rules as lives_rules
 from backend.observe.live_profile import profile_of_inputs
 from backend.policy.cost_model import CostModel
 
@@ -100,13 +99,15 @@ def test_lives_beliefs_reach_the_twin_on_its_clock_from_its_starting_model() -> 
     assert beliefs_on_twins_clock({"base": base.to_profile(), "window": {}}, zero_s=0.0) is None
 
 
-def test_lives_calibration_settings_reach_the_twin() -> None:
+def test_kept_calibration_settings_read_back_across_versions() -> None:
     from backend.policy.calibration import CalibrationConfig
 
-    kept = {"config": {"refit_interval_s": 3.0, "refit_growth": 4.0, "a_setting_since_gone": 1}}
-    assert lives_rules(kept) == CalibrationConfig(refit_interval_s=3.0, refit_growth=4.0)
+    kept = {"refit_interval_s": 3.0, "refit_growth": 4.0, "a_setting_since_gone": 1}
+    assert CalibrationConfig.from_json(kept) == CalibrationConfig(
+        refit_interval_s=3.0, refit_growth=4.0
+    )
     # Kept before a setting existed: it takes its default.
-    assert lives_rules({"config": {"refit_interval_s": 3.0}}).refit_growth == 2.0
+    assert CalibrationConfig.from_json({"refit_interval_s": 3.0}).refit_growth == 2.0
 
 
 def test_the_twins_seeds_are_combined_metric_by_metric() -> None:
