@@ -79,6 +79,10 @@ def demo_slos(
 
 
 def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
+    """The first SIGINT or SIGTERM stops the stack; any later one is ignored, so that a
+    second signal (Ctrl-C and a parent's SIGTERM at once) cannot cut the stop short."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise KeyboardInterrupt
 
 

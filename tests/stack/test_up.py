@@ -66,7 +66,8 @@ def test_up_replays_then_stops_cleanly_on_ctrl_c(tmp_path: Path) -> None:
                 finished.set()
         finished.set()
 
-    threading.Thread(target=read, daemon=True).start()
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
     try:
         assert finished.wait(50), "".join(lines)
         output = "".join(lines)
@@ -78,8 +79,12 @@ def test_up_replays_then_stops_cleanly_on_ctrl_c(tmp_path: Path) -> None:
         assert "console:" in output.lower(), output
         children = _children(process.pid)
         assert len(children) == 5, children  # conductor + 2 prefill + 1 decode + console
+        # Ctrl-C and a parent's SIGTERM at once: one clean stop, not one cut short.
         process.send_signal(signal.SIGINT)
+        process.send_signal(signal.SIGTERM)
         assert process.wait(30) == 0, "".join(lines)
+        reader.join(5)  # the last lines, read to the pipe's end
+        assert "stopping ..." in "".join(lines) and "stopped" in "".join(lines)
         deadline = time.monotonic() + 5
         while any(_alive(pid) for pid in children) and time.monotonic() < deadline:
             time.sleep(0.1)
