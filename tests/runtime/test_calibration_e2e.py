@@ -116,6 +116,35 @@ def test_calibration_converges_on_real_agents_and_survives_a_restart(tmp_path) -
         restarted.stop()
 
 
+def test_a_real_conductor_refits_as_its_points_double_long_before_its_interval(tmp_path) -> None:
+    """The growth rule on real agents: with an hour between interval refits, the prefill fit
+    still follows the window as it grows (refitted once its points have doubled), so a
+    young fit is never believed for long (at speed 8 a warm-up's first 20 prefills were)."""
+    settings = _settings(
+        tmp_path,
+        calibration_min_prefill_points=4,
+        calibration_min_decode_points=4,
+        calibration_refit_interval_s=3600.0,
+    )
+    with conductor_stack(settings, ["prefill", "decode"], profile="tiny-cpu") as stack:
+        url, runtime, calibrator = stack.url, stack.runtime, stack.runtime.calibrator
+        for i in range(32):
+            prompt = [(11 * i + j) % 30_000 + 1 for j in range(20 + 5 * i)]
+            assert _submit(url, runtime, prompt, max_tokens=2).state == "completed"
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:  # the last measurements ride a heartbeat
+            with runtime.locked():
+                measured, fitted = len(calibrator.prefill), calibrator.fitted_points.copy()
+            if measured >= 32 and measured < 2 * fitted.get("prefill", 0):
+                break
+            time.sleep(0.2)
+        # Its first fits came from the first few prefills (the minimum, then serving's ten);
+        # without the growth rule the last would stand until the hour was over.
+        assert measured >= 32, measured
+        assert fitted["prefill"] * 2 > measured, (fitted, measured)
+        assert calibrator.num_refits >= 3, calibrator.num_refits
+
+
 def _a_hundred_times_too_fast(folder) -> str:
     """The tiny-cpu profile's model believing every prefill and step a hundred times faster.
 
