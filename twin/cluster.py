@@ -6,6 +6,7 @@ It decides nothing itself; the one local decision, a decode instance's check on 
 is the policy's `check_decode_arrival`.
 """
 
+import math
 from collections import defaultdict
 from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass
@@ -75,6 +76,54 @@ class LiveCalibration:
     beliefs: Sequence[tuple[float, CostModel]] | None = None
     # The rules live refitted by (its `calibration_*` settings); None: the defaults.
     config: CalibrationConfig | None = None
+
+    @classmethod
+    def of_inputs(
+        cls,
+        inputs: Mapping[str, Any],
+        *,
+        zero_s: float,
+        last_refit_s: float | None,
+        from_s: float,
+    ) -> "LiveCalibration":
+        """Live's calibration from what its Conductor kept (`profile_inputs`: its window's
+        state with the refits' beliefs, its base profile and its settings), every time
+        moved onto the twin's clock, whose zero is `zero_s` on live's.
+
+        Before the first refit the window still keeps, live believed its base profile;
+        where it had refitted before that (an older refit the window has let go: a long
+        Conductor's oldest kept belief is the one in force as its window began), the
+        oldest kept belief stands in for what came before. Kept runs from before the
+        Conductor kept its beliefs have none: the twin then believes the window's end's
+        model throughout (`beliefs` None)."""
+        window = inputs["window"]
+        state = {
+            **window,
+            **{
+                kind: [{**sample, "time_s": sample["time_s"] - zero_s} for sample in window[kind]]
+                for kind in ("prefill", "decode", "serving", "host_cpu")
+                if kind in window
+            },
+        }
+        kept = window.get("beliefs")
+        beliefs: list[tuple[float, CostModel]] | None = None
+        if kept is not None:
+            state["beliefs"] = [{**b, "time_s": b["time_s"] - zero_s} for b in kept]
+            beliefs = [
+                (float(b["time_s"]) - zero_s, CostModel.from_profile(b["cost"])) for b in kept
+            ]
+            let_go = int(window.get("num_refits", 0)) > len(beliefs)
+            if beliefs and (beliefs[0][0] <= 0 or let_go):
+                beliefs[0] = (-math.inf, beliefs[0][1])
+            else:
+                beliefs.insert(0, (-math.inf, CostModel.from_profile(inputs["base"])))
+        return cls(
+            state=state,
+            last_refit_s=-math.inf if last_refit_s is None else last_refit_s - zero_s,
+            from_s=from_s,
+            beliefs=beliefs,
+            config=CalibrationConfig.from_json(inputs.get("config", {})),
+        )
 
 
 class TwinCluster(EffectHandler):

@@ -28,9 +28,7 @@ import numpy as np
 
 from backend.cli.children import KVCENTRIC, WARMUP_TOKENS, Child, get_json, start_local_stack
 from backend.observe.measures import FIDELITY_METRICS, relative_error
-from backend.policy.calibration import CalibrationConfig
 from backend.policy.config import PolicyConfig, json_safe, policy_from_json
-from backend.policy.cost_model import CostModel
 from backend.traces.loader import TraceRow, iter_trace, load_trace, parse_minutes
 
 if TYPE_CHECKING:
@@ -335,38 +333,13 @@ def _live_calibration(
     if inputs is None:
         return None
     warmup_start_s = float(live["report"]["start_s"]) - live["window_from_ms"] / 1000.0
-    zero_s = warmup_start_s + first_row_ms / 1000.0
-    window = inputs["window"]
-    state = {
-        **window,
-        **{
-            kind: [{**sample, "time_s": sample["time_s"] - zero_s} for sample in window[kind]]
-            for kind in ("prefill", "decode", "serving", "host_cpu")
-            if kind in window
-        },
-    }
     last_refit_s = calibration.get("last_refit_s")
-    return LiveCalibration(
-        state=state,
-        last_refit_s=-math.inf if last_refit_s is None else float(last_refit_s) - zero_s,
+    return LiveCalibration.of_inputs(
+        inputs,
+        zero_s=warmup_start_s + first_row_ms / 1000.0,
+        last_refit_s=None if last_refit_s is None else float(last_refit_s),
         from_s=measure_from_s,
-        beliefs=_beliefs(inputs, zero_s),
-        config=CalibrationConfig.from_json(inputs.get("config", {})),
     )
-
-
-def _beliefs(inputs: Mapping[str, Any], zero_s: float) -> list[tuple[float, CostModel]] | None:
-    """What live believed from when, on the twin's clock: its starting model until its
-    first refit, then each refit's; None where the kept run predates them. The calibration
-    keeps the refits of its window and the last one before it, so where the first kept
-    refit came after the replay's start none came before it."""
-    kept = inputs["window"].get("beliefs")
-    if kept is None:
-        return None
-    refits = [(float(b["time_s"]) - zero_s, CostModel.from_profile(b["cost"])) for b in kept]
-    if refits and refits[0][0] <= 0:
-        return refits
-    return [(-math.inf, CostModel.from_profile(inputs["base"])), *refits]
 
 
 def median_report(reports: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

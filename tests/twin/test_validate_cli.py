@@ -19,7 +19,6 @@ from backend.bench.validate import (
     median_report,
     run_order,
 )
-from backend.bench.validate import _beliefs as beliefs_on_twins_clock
 from backend.observe.live_profile import profile_of_inputs
 from backend.policy.cost_model import CostModel
 
@@ -85,16 +84,31 @@ def test_repeated_runs_take_turns_so_the_hosts_drift_falls_on_every_config() -> 
 
 
 def test_lives_beliefs_reach_the_twin_on_its_clock_from_its_starting_model() -> None:
+    from twin.cluster import LiveCalibration
     from twin.timing import read_profile
+
+    def beliefs_on_twins_clock(inputs, zero_s):
+        return LiveCalibration.of_inputs(
+            inputs, zero_s=zero_s, last_refit_s=None, from_s=0.0
+        ).beliefs
 
     base = CostModel.from_profile(read_profile("tiny-cpu")[0])
     refit = base.to_profile() | {"name": "refit"}
-    inputs = {"base": base.to_profile(), "window": {"beliefs": [{"time_s": 130.0, "cost": refit}]}}
+    kept = [{"time_s": 130.0, "cost": refit}]
+    inputs = {"base": base.to_profile(), "window": {"beliefs": kept, "num_refits": 1}}
     # The first refit came 30 s into the replay: the starting model was believed until then.
     beliefs = beliefs_on_twins_clock(inputs, zero_s=100.0)
     assert beliefs == [(-math.inf, base), (30.0, CostModel.from_profile(refit))]
     # A refit from before the replay's start was in force at it: the starting model was not.
-    assert beliefs_on_twins_clock(inputs, zero_s=140.0) == [(-10.0, CostModel.from_profile(refit))]
+    assert beliefs_on_twins_clock(inputs, zero_s=140.0) == [
+        (-math.inf, CostModel.from_profile(refit))
+    ]
+    # Refits the Conductor's window has let go came before the oldest kept one, which was in
+    # force as its window began: it stands in for them, not the starting model.
+    let_go = {"base": base.to_profile(), "window": {"beliefs": kept, "num_refits": 4}}
+    assert beliefs_on_twins_clock(let_go, zero_s=100.0) == [
+        (-math.inf, CostModel.from_profile(refit))
+    ]
     # Kept before beliefs were: none, and the twin believes the warm-up's end's model.
     assert beliefs_on_twins_clock({"base": base.to_profile(), "window": {}}, zero_s=0.0) is None
 
