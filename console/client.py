@@ -72,9 +72,14 @@ class BackendClient:
         """{"version": int | None, "config": {...}}: the policy configuration in force."""
         return self._read(CONFIG_PATH)
 
-    def calibration(self) -> dict[str, Any]:
-        """Believed vs measured times, and the live cluster as a twin profile."""
-        return self._read("/v1/calibration", {"max_points": 500})
+    def calibration(self, *, inputs: bool = False) -> dict[str, Any]:
+        """Believed vs measured times, and the live cluster as a twin profile; with
+        `inputs`, also what the calibration kept (its window's state, what it believed
+        from when, its settings: `profile_inputs`)."""
+        params: dict[str, Any] = {"max_points": 500}
+        if inputs:
+            params["inputs"] = "true"
+        return self._read("/v1/calibration", params)
 
     def audit(self, *, limit: int = 100) -> list[dict[str, Any]]:
         return self._read(AUDIT_PATH, {"limit": limit})

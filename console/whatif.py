@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from backend.traces.loader import TRACE_BLOCK_SIZE, TraceError, TraceRow, iter_trace
+from twin.cluster import LiveCalibration
 from twin.compare import compare
 from twin.config import TwinConfig
 
@@ -84,6 +85,34 @@ def live_profile_file(profile: Mapping[str, Any]) -> str:
     if not path.exists():
         path.write_text(text)
     return str(path)
+
+
+def live_beliefs(
+    calibration: Mapping[str, Any],
+    rows: Sequence[TraceRow],
+    *,
+    window_start_s: float,
+    speed: float = 1.0,
+) -> LiveCalibration | None:
+    """What the live Conductor believed over a recorded window, for the twin's run of it:
+    the twin's Conductor believes each model live's believed from when it did (so it admits,
+    routes and refuses by the same estimates), and after the window's last arrival takes
+    over live's calibration and refits on its own. None where the Conductor does not
+    calibrate or kept nothing (`calibration` is GET /v1/calibration with inputs).
+
+    `window_start_s`: the export's start (Unix seconds), from which its rows are timed; the
+    twin's clock starts at the first row."""
+    inputs = calibration.get("profile_inputs")
+    if not calibration.get("enabled") or inputs is None or not rows:
+        return None
+    first_ms, last_ms = rows[0].timestamp_ms, rows[-1].timestamp_ms
+    last_refit_s = calibration.get("last_refit_s")
+    return LiveCalibration.of_inputs(
+        inputs,
+        zero_s=window_start_s + first_ms / 1000.0,
+        last_refit_s=None if last_refit_s is None else float(last_refit_s),
+        from_s=(last_ms - first_ms) / 1000.0 / speed,
+    )
 
 
 def proposed_config(current: TwinConfig, change: ProposedChange) -> TwinConfig:
@@ -161,8 +190,15 @@ def run_whatif(
     trace_label: str = "",
     workers: int | None = None,
     ray_address: str | None = None,
+    beliefs: LiveCalibration | None = None,
 ) -> dict[str, Any]:
     """`twin.compare` of both configs on the same rows (the what-if result).
+
+    `beliefs`: what live's Conductor believed over the rows (`live_beliefs`), believed by
+    the run of the current configuration and by a candidate on the same split (a policy
+    setting changes what the cluster is asked to do, not how fast it computes); a
+    candidate on another split calibrates on its own replay (live's beliefs were of the
+    current split's crowding).
 
     The comparison runs in a helper thread (its simulations in worker processes) while this
     thread calls `on_progress(fraction, text)` a few times a second, so a Streamlit page can
@@ -171,6 +207,10 @@ def run_whatif(
     interval_s = series_interval_s(rows, current.speed)
     configs = [config.with_changes(series_interval_s=interval_s) for config in (current, candidate)]
     num_workers = workers or max(1, min(len(configs), os.cpu_count() or 1))
+    same_split = (current.num_prefill, current.num_decode) == (
+        candidate.num_prefill,
+        candidate.num_decode,
+    )
     finished: queue.Queue[int] = queue.Queue()
     outcome: dict[str, Any] = {}
 
@@ -183,6 +223,7 @@ def run_whatif(
                 trace_label=trace_label,
                 on_done=lambda index, report: finished.put(index),
                 ray_address=ray_address,
+                live_calibrations=(beliefs, beliefs if same_split else None),
             )
         except BaseException as error:  # re-raised in the caller's thread
             outcome["error"] = error

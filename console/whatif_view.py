@@ -41,9 +41,11 @@ def show_result(whatif: Mapping[str, Any]) -> None:
         else f"{name}: {values['baseline']} → {values['candidate']}"
         for name, values in result["changed_settings"].items()
     ]
+    believes = trace.get("believes")
     st.caption(
         f"{fmt.count(trace['num_rows'])} requests ({source}); "
         f"changed: {'; '.join(changes) if changes else 'nothing'}"
+        + (f"; the twin's Conductor believed {believes}" if believes else "")
     )
     candidate = reports["candidate"]
     deltas = {row["metric"]: row for row in result["deltas"]}

@@ -12,6 +12,7 @@ from pathlib import Path
 import plotly.graph_objects as go
 
 from backend.traces.loader import TraceRow
+from twin.cluster import LiveCalibration
 from twin.config import TwinConfig
 from twin.plots import load_figure, rejections_figure, ttft_cdf_figure, write_page
 from twin.report import write_report
@@ -64,9 +65,11 @@ def compare(
     trace_label: str = "",
     on_done: OnDone | None = None,
     ray_address: str | None = None,
+    live_calibrations: tuple[LiveCalibration | None, LiveCalibration | None] | None = None,
 ) -> dict:
     """Simulate both configs on `rows` (in two processes when workers > 1, or as Ray tasks
-    with `ray_address`) and compare them."""
+    with `ray_address`) and compare them; `live_calibrations`, (baseline's, candidate's),
+    as `run_sweep`'s."""
     reports = run_sweep(
         [baseline, candidate],
         rows,
@@ -74,6 +77,7 @@ def compare(
         on_done=on_done,
         trace_label=trace_label,
         ray_address=ray_address,
+        live_calibrations=live_calibrations,
     )
     return compare_reports(*reports)
 

@@ -17,8 +17,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from backend.traces.loader import TraceRow
+from twin.cluster import LiveCalibration
 from twin.config import TwinConfig
-from twin.sweep import simulate_one
+from twin.sweep import per_config, simulate_one
 
 LOCAL = "local"
 CONNECT_TIMEOUT_S = 5.0
@@ -33,9 +34,12 @@ def run_on_ray(
     workers: int,
     trace_label: str = "",
     on_done: OnDone | None = None,
+    live_calibrations: Sequence[LiveCalibration | None] | None = None,
 ) -> list[dict]:
     """Simulate every config as a Ray task; reports in `configs` order, `on_done(index,
-    report)` as each ends. The first failing run cancels the rest and its error is raised."""
+    report)` as each ends. The first failing run cancels the rest and its error is raised.
+    `live_calibrations`: as `run_sweep`'s."""
+    calibrations = per_config(live_calibrations, configs)
     ray = _import_ray()
     started_here = not ray.is_initialized()
     if started_here and address not in (LOCAL, "auto"):
@@ -58,7 +62,8 @@ def run_on_ray(
     try:
         trace = ray.put(list(rows))  # once: every task reads it from the object store
         pending = {
-            remote.remote(config, trace, trace_label): index for index, config in enumerate(configs)
+            remote.remote(config, trace, trace_label, calibrations[index]): index
+            for index, config in enumerate(configs)
         }
         reports: dict[int, dict] = {}
         while pending:

@@ -17,6 +17,7 @@ from pathlib import Path
 import plotly.graph_objects as go
 
 from backend.traces.loader import TraceRow
+from twin.cluster import LiveCalibration
 from twin.config import TwinConfig
 from twin.plots import metric_vs_parameter_figure, write_page
 from twin.run import simulate
@@ -106,8 +107,11 @@ def run_sweep(
     on_done: OnDone | None = None,
     trace_label: str = "",
     ray_address: str | None = None,
+    live_calibrations: Sequence[LiveCalibration | None] | None = None,
 ) -> list[dict]:
     """Simulate every config on the same rows; the reports come back in `configs` order.
+    `live_calibrations`: one per config (or None), the live Conductor's calibration that
+    config's twin takes over (`simulate`'s `live_calibration`).
 
     With `workers` > 1 the runs go to that many processes. Each task carries the rows
     (pickling the whole shipped trace takes ~0.1 s, a run takes far longer), so workers keep
@@ -126,8 +130,10 @@ def run_sweep(
             workers=workers,
             trace_label=trace_label,
             on_done=on_done,
+            live_calibrations=live_calibrations,
         )
     rows = list(rows)
+    calibrations = per_config(live_calibrations, configs)
     reports: dict[int, dict] = {}
 
     def finish(index: int, report: dict) -> None:
@@ -137,7 +143,7 @@ def run_sweep(
 
     if workers <= 1 or len(configs) <= 1:
         for index, config in enumerate(configs):
-            finish(index, simulate_one(config, rows, trace_label))
+            finish(index, simulate_one(config, rows, trace_label, calibrations[index]))
         return [reports[index] for index in range(len(configs))]
     # forkserver, not fork: callers such as the console's server run threads, and forking a
     # threaded process can copy a held lock into the child.
@@ -145,7 +151,7 @@ def run_sweep(
     pool = ProcessPoolExecutor(min(workers, len(configs)), mp_context=context)
     try:
         futures: dict[Future, int] = {
-            pool.submit(simulate_one, config, rows, trace_label): index
+            pool.submit(simulate_one, config, rows, trace_label, calibrations[index]): index
             for index, config in enumerate(configs)
         }
         for future in as_completed(futures):
@@ -210,6 +216,24 @@ def write_sweep(reports: Sequence[dict], out_dir: Path, title: str = "twin sweep
     return paths
 
 
-def simulate_one(config: TwinConfig, rows: list[TraceRow], trace_label: str) -> dict:
+def simulate_one(
+    config: TwinConfig,
+    rows: list[TraceRow],
+    trace_label: str,
+    live_calibration: LiveCalibration | None = None,
+) -> dict:
     """One run of a sweep (a function of the module, so worker processes can import it)."""
-    return simulate(config, rows, trace_label=trace_label)
+    return simulate(config, rows, trace_label=trace_label, live_calibration=live_calibration)
+
+
+def per_config(
+    live_calibrations: Sequence[LiveCalibration | None] | None, configs: Sequence[TwinConfig]
+) -> list[LiveCalibration | None]:
+    """One live calibration (or None) per config."""
+    if live_calibrations is None:
+        return [None] * len(configs)
+    if len(live_calibrations) != len(configs):
+        raise ValueError(
+            f"{len(live_calibrations)} live calibrations for {len(configs)} configs: one each"
+        )
+    return list(live_calibrations)

@@ -19,6 +19,7 @@ from console.settings import LIVE_TWIN_PROFILE
 from console.whatif import (
     ProposedChange,
     TraceProblem,
+    live_beliefs,
     live_profile_file,
     live_twin_config,
     policy_changes,
@@ -137,6 +138,20 @@ def run(
         rows, trace = load_traffic(traffic, live_block_size=current.block_size)
         current = current.with_changes(block_size=trace["block_size"])
         candidate = proposed_config(current, change)
+        beliefs = None
+        if rows and trace["source"] == "recorded" and settings().twin_profile == LIVE_TWIN_PROFILE:
+            # The twin then admits and refuses the window's requests by live's estimates.
+            beliefs = live_beliefs(
+                client().calibration(inputs=True),
+                rows,
+                window_start_s=trace["start_s"],
+                speed=current.speed,
+            )
+        trace["believes"] = (
+            "what the live Conductor believed, when it did"
+            if beliefs is not None
+            else "its own calibration of the replay"
+        )
     except (BackendError, TraceProblem, ValueError) as error:
         st.error(f"cannot run the what-if: {error}")
         return
@@ -152,6 +167,7 @@ def run(
             on_progress=lambda fraction, text: bar.progress(fraction, text=text),
             trace_label=trace.get("name", "recorded window"),
             ray_address=settings().ray_address,
+            beliefs=beliefs,
         )
     except (ValueError, RuntimeError) as error:
         st.error(f"the twin could not run: {error}")

@@ -187,3 +187,62 @@ def test_an_audit_entry_says_what_changed(old, new, text):
 
 def test_live_split_counts_active_agents_only():
     assert live_split(AGENTS) == (2, 2)
+
+
+def test_the_twin_believes_what_live_believed_over_a_recorded_window(shipped_trace):
+    """A recorded window's twin believes each model live's Conductor believed, from when it
+    did, in the current configuration's run and a candidate's on the same split; a
+    candidate on another split calibrates on its own. Here live believed prefills hopeless
+    (5,000 s) until its refit 3 s into the window: the twin refuses until then."""
+    from backend.policy.calibration import Calibrator
+    from backend.policy.cost_model import CostModel
+    from backend.traces.loader import load_trace
+    from console.whatif import live_beliefs, run_whatif
+    from twin.config import TwinConfig
+    from twin.timing import read_profile
+
+    data, _ = read_profile("tiny-cpu")
+    truth = CostModel.from_profile(data)
+    hopeless = dataclasses.replace(
+        truth, prefill=dataclasses.replace(truth.prefill, fixed_s=5000.0), name="hopeless"
+    )
+    rows = load_trace(shipped_trace, minutes=(0.0, 0.15))  # nine seconds
+    start_s = 1_000_000.0  # the export's start: rows are timed from it
+    zero_s = start_s + rows[0].timestamp_ms / 1000.0
+    state = json.loads(json.dumps(Calibrator(truth).to_state()))
+    calibration = {
+        "enabled": True,
+        "last_refit_s": zero_s + 3.0,
+        "profile_inputs": {
+            "base": hopeless.to_profile(),
+            "config": {"refit_interval_s": 3600.0},
+            "window": {**state, "num_refits": 1, "beliefs": [
+                {"time_s": zero_s + 3.0, "cost": truth.to_profile()}
+            ]},
+        },
+    }  # fmt: skip
+    beliefs = live_beliefs(calibration, rows, window_start_s=start_s)
+    assert beliefs is not None
+    assert beliefs.beliefs == [(-math.inf, hopeless), (3.0, truth)]
+    span_s = (rows[-1].timestamp_ms - rows[0].timestamp_ms) / 1000.0
+    assert beliefs.from_s == span_s and beliefs.config.refit_interval_s == 3600.0
+    assert live_beliefs({**calibration, "enabled": False}, rows, window_start_s=start_s) is None
+    assert live_beliefs({"enabled": True}, rows, window_start_s=start_s) is None
+
+    current = TwinConfig.of_live_policy(
+        {**POLICY, "block_size": 16, "ttft_slo_s": 1000.0, "tbt_slo_s": 10.0},
+        num_prefill=1,
+        num_decode=1,
+        profile="tiny-cpu",
+    )
+    arrivals_s = [(row.timestamp_ms - rows[0].timestamp_ms) / 1000.0 for row in rows]
+
+    def refused(report) -> list[float]:
+        return [r["arrival_s"] for r in report["requests"] if r["outcome"] == "rejected"]
+
+    same_split = run_whatif(current, current.with_changes(threshold=1.0), rows, beliefs=beliefs)
+    for report in same_split["reports"].values():
+        assert refused(report) == [t for t in arrivals_s if t < 3.0] and refused(report)
+    other_split = current.with_changes(num_prefill=2, num_decode=1)
+    result = run_whatif(current, other_split, rows, beliefs=beliefs, workers=1)
+    assert refused(result["reports"]["candidate"]) == []  # its own calibration: tiny-cpu's

@@ -205,6 +205,10 @@ def test_a_live_infinite_threshold_is_modelled_as_infinite(app, backend):
 def test_the_page_shows_how_far_to_trust_the_twin_on_the_window(app, backend):
     open_page(app, "whatif")
     _run_whatif(app, threshold=4.0)
+    # On the live profile the twin's Conductor believes what live's believed, when it did.
+    assert "the twin's Conductor believed what the live Conductor believed" in " ".join(
+        caption.value for caption in app.caption
+    )
     assert "How far to trust the twin" in [h.value for h in app.subheader]
     whatif = app.session_state["whatif_result"]
     window = {key: whatif["trace"][key] for key in ("start_s", "end_s")}

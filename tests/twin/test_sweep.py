@@ -132,5 +132,10 @@ def test_a_failing_run_stops_the_sweep_with_its_error(two_minutes, tmp_path):
         run_sweep(configs, two_minutes, workers=2)
 
 
+def test_live_calibrations_come_one_per_config(two_minutes):
+    with pytest.raises(ValueError, match="1 live calibrations for 2 configs: one each"):
+        run_sweep([BASE, BASE], two_minutes, workers=1, live_calibrations=[None])
+
+
 def _comparable(report: dict) -> str:
     return dumps_report({**report, "sim_wall_s": None})
