@@ -305,7 +305,8 @@ def predict(
     if config.block_size != block_size:
         raise ValueError(f"the Conductor ran block size {config.block_size}, not {block_size}")
     measure_from_s = (live["window_from_ms"] - rows[0].timestamp_ms) / 1000.0
-    calibration = _live_calibration(live, rows[0].timestamp_ms, measure_from_s)
+    end_s = (rows[-1].timestamp_ms - rows[0].timestamp_ms) / 1000.0
+    calibration = _live_calibration(live, rows[0].timestamp_ms, measure_from_s, end_s)
     reports = [
         simulate(
             config.with_changes(seed=config.seed + seed),
@@ -320,7 +321,7 @@ def predict(
 
 
 def _live_calibration(
-    live: Mapping[str, Any], first_row_ms: float, measure_from_s: float
+    live: Mapping[str, Any], first_row_ms: float, measure_from_s: float, end_s: float
 ) -> "LiveCalibration | None":
     """Live's calibration as the window began, on the twin's clock (zero at the first
     exported row, which the export timed from the warm-up's start); None for runs kept
@@ -329,6 +330,8 @@ def _live_calibration(
 
     # With hindsight the profile is the window's end's; the belief is still the warm-up's.
     calibration = live.get("warmup_calibration", live["calibration"])
+    if live.get("as_whatif"):  # what live believed over all of it, as the What-if replays
+        calibration = live["calibration"]
     inputs = calibration.get("profile_inputs")
     if inputs is None:
         return None
@@ -338,7 +341,7 @@ def _live_calibration(
         inputs,
         zero_s=warmup_start_s + first_row_ms / 1000.0,
         last_refit_s=None if last_refit_s is None else float(last_refit_s),
-        from_s=measure_from_s,
+        from_s=end_s if live.get("as_whatif") else measure_from_s,
     )
 
 
@@ -624,6 +627,7 @@ def repredict(
     *,
     seeds: int,
     hindsight: bool = False,
+    as_whatif: bool = False,
     rebuild_profile: bool = False,
     out: Path | None = None,
     on_status: OnStatus | None = None,
@@ -638,11 +642,19 @@ def repredict(
     Not a prediction, since it has seen the window: the twin's own error apart from how far
     the host's speed moved between warm-up and window (`settings.hindsight`).
 
+    `as_whatif`: predict each kept run as the console's What-if predicts a recorded window:
+    the twin reads the live profile as of the window's end and believes what live's
+    Conductor believed over the warm-up and the window, each model from when live did,
+    then calibrates on its own (`settings.as_whatif`). How far the What-if's "current" run
+    is from what live measured.
+
     `rebuild_profile`: build each live profile again from the measurements the run kept
     (`profile_inputs`) with this code, instead of reading the profile live built: what a
     change to how profiles are built does (`settings.rebuilt_profile`)."""
     if seeds < 1:
         raise ValueError(f"--twin-seeds must be at least 1, got {seeds}")
+    if hindsight and as_whatif:
+        raise ValueError("--hindsight and --whatif are two readings of a run: choose one")
     if out is not None and out.resolve() == kept.resolve():
         raise ValueError(
             "--out must be another folder: the kept one holds what live was first compared with"
@@ -655,6 +667,8 @@ def repredict(
             label = f"run {number + 1}/{len(runs)}, config {json.dumps(entry['change'])}"
             on_status(f"{label}: predicting the window with the twin", number)
         live = entry["live"]
+        if as_whatif:
+            live = {**live, "calibration": live["calibration_after"], "as_whatif": True}
         if hindsight:
             live = {
                 **live,
@@ -679,6 +693,7 @@ def repredict(
         "twin_seeds": seeds,
         "repredicted_from": str(kept),
         "hindsight": hindsight,
+        "as_whatif": as_whatif,
         "rebuilt_profile": rebuild_profile,
     }
     result = _result(settings_json, configs)

@@ -509,6 +509,14 @@ def repredict_command(
         "twin's own error apart from the host's drift between warm-up and window (it has "
         "seen the window, so it is no prediction).",
     ),
+    as_whatif: bool = typer.Option(
+        False,
+        "--whatif",
+        help="Predict each run as the console's What-if predicts a recorded window: the "
+        "live profile as of the window's end, and what live's Conductor believed over the "
+        "warm-up and the window, each model from when it did: how far the What-if's run of "
+        "the current configuration is from what live measured.",
+    ),
     rebuild_profile: bool = typer.Option(
         False,
         "--rebuild-profile",
@@ -534,6 +542,7 @@ def repredict_command(
             kept,
             seeds=seeds,
             hindsight=hindsight,
+            as_whatif=as_whatif,
             rebuild_profile=rebuild_profile,
             out=out,
             on_status=on_status,

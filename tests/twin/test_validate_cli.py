@@ -276,6 +276,17 @@ def test_a_short_window_live_and_in_the_twin(tmp_path) -> None:
             after["metrics"]["num_completed"]["live"] == before["metrics"]["num_completed"]["live"]
         )
         assert after["metrics"]["ttft_p50_s"]["twin"] > 0
+    whatif = subprocess.run(  # as the What-if predicts a recorded window
+        [KVCENTRIC, "twin", "repredict", str(out), "--twin-seeds", "1", "--whatif", "--json"],
+        capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert whatif.returncode == 0, whatif.stderr[-3000:]
+    assert json.loads(whatif.stdout)["settings"]["as_whatif"] is True
+    both = subprocess.run(
+        [KVCENTRIC, "twin", "repredict", str(out), "--whatif", "--hindsight"],
+        capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert both.returncode == 2 and "--hindsight and --whatif" in both.stderr, both.stderr
     rebuilt = subprocess.run(  # the profiles built again from the kept measurements
         [KVCENTRIC, "twin", "repredict", str(out), "--twin-seeds", "1", "--rebuild-profile",
          "--json"],
