@@ -171,6 +171,7 @@ def run_chaos(
     watcher = threading.Thread(target=watch.run, args=(stack,), name="chaos-watch", daemon=True)
     watcher.start()
     done: list[dict[str, Any]] = []
+    replay: Child | None = None
     try:
         replay = _start_replay(settings, stack, work_dir / "replay")
         started_s = time.time()
@@ -194,7 +195,7 @@ def run_chaos(
         supervising.stop()
         watch.stop.set()
         watcher.join(5)
-        stack.stop()
+        stack.stop(replay)
     results = [
         json.loads(line)
         for line in (work_dir / "replay.jsonl").read_text().splitlines()

@@ -255,11 +255,14 @@ def _replay(
         out.with_suffix(".log"),
         stdout_pipe=False,
     )
-    while replay.process.poll() is None:
-        for child in children:
-            child.check_alive()
-        time.sleep(0.5)
-    replay.wait()
+    try:
+        while replay.process.poll() is None:
+            for child in children:
+                child.check_alive()
+            time.sleep(0.5)
+    finally:  # a failed or interrupted validate stops its replay too
+        replay.terminate()
+        replay.wait()
     if replay.process.returncode != 0:
         raise RuntimeError(f"the replay of minutes {minutes} failed; see {replay.log}")
 

@@ -262,12 +262,16 @@ def admission(
 def _stack_report(run: Any, **options: Any) -> dict[str, Any]:
     """Run a benchmark that starts a stack of its own, its progress on stderr; a bad option
     exits 2 with its message, a stack that does not start exits 1."""
-    from backend.cli.children import ChildFailed
+    from backend.cli.children import EXIT_INTERRUPTED, ChildFailed, stop_on_signals
 
+    stop_on_signals()  # Ctrl-C or SIGTERM stop the stack it started too
     try:
         return run(
             **options, on_status=lambda line: _stderr.print(line, highlight=False, soft_wrap=True)
         )
+    except KeyboardInterrupt:
+        _stderr.print("[red]error:[/red] interrupted; the stack it started is stopped")
+        raise typer.Exit(EXIT_INTERRUPTED) from None
     except ValueError as error:
         _stderr.print(f"[red]error:[/red] {error}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import typer
 
+from backend.cli.children import EXIT_INTERRUPTED, stop_on_signals
 from backend.traces import SHIPPED_TRACE
 
 _EXIT_BAD_INPUT = 2
@@ -83,8 +84,12 @@ def chaos_command(
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(_EXIT_BAD_INPUT) from None
     work_dir = Path(tempfile.mkdtemp(prefix="kvcentric-chaos-"))
+    stop_on_signals()  # Ctrl-C or SIGTERM stop the stack it started too
     try:
         record = run_chaos(settings, work_dir, lambda m: typer.echo(f"chaos: {m}", err=True))
+    except KeyboardInterrupt:
+        typer.echo("error: interrupted; the stack it started is stopped", err=True)
+        raise typer.Exit(EXIT_INTERRUPTED) from None
     finally:
         if out is not None:
             out.mkdir(parents=True, exist_ok=True)

@@ -1,5 +1,6 @@
-"""The processes of a stack started from the command line (`kvcentric up`, `kvcentric bench
-admission`): each child with its log, waiting until they are ready, stopping them in order.
+"""The processes of a stack started from the command line (`kvcentric up`, `twin validate`,
+`bench admission`, `chaos`): each child with its log, waiting until they are ready,
+stopping them in order, also when the command is interrupted (`stop_on_signals`).
 """
 
 import contextlib
@@ -7,6 +8,7 @@ import json
 import os
 import random
 import secrets
+import signal
 import socket
 import subprocess
 import sys
@@ -17,16 +19,40 @@ import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 from typing import IO, Protocol
 
 KVCENTRIC = str(Path(sys.executable).parent / "kvcentric")
 SECRET_BYTES = 32
 START_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 30.0
+EXIT_INTERRUPTED = 130  # the shell's code for a command ended by Ctrl-C (128 + SIGINT)
 
 
 class ChildFailed(Exception):
     """A child exited (or never got ready) while the stack was starting."""
+
+
+def stop_on_signals() -> None:
+    """Make SIGINT and SIGTERM raise KeyboardInterrupt in the main thread, so that a command
+    which started children stops them on its way out: the children run in sessions of their
+    own and see neither signal, and SIGTERM's default would end the command at once,
+    leaving its stack running. SIGINT even where the shell started the command ignoring it
+    (a background job). The first signal ignores later ones, so that a second (Ctrl-C and a
+    parent's SIGTERM at once) cannot cut the stop short."""
+    signal.signal(signal.SIGINT, _raise_interrupt)
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+
+
+def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
+    ignore_signals()
+    raise KeyboardInterrupt
+
+
+def ignore_signals() -> None:
+    """Ignore SIGINT and SIGTERM from now on (while a stack stops)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 # The CPU priority of agents sharing a machine with the Conductor: they yield a core to it
@@ -371,8 +397,9 @@ class LocalStack:
     def database(self) -> Path:
         return self.data_dir / "kvcentric.db"
 
-    def stop(self) -> None:
-        stop_stack(None, self.children)
+    def stop(self, replay: Child | None = None) -> None:
+        """Stop the stack (and `replay` first, where one may still run)."""
+        stop_stack(replay, self.children)
 
 
 def start_local_stack(

@@ -23,6 +23,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from backend.cli.children import EXIT_INTERRUPTED, stop_on_signals
 from backend.policy.config import EVICTION_POLICIES, PREFILL_SCHEDULERS, REJECTION_POLICIES
 from backend.traces import SHIPPED_TRACE
 from backend.traces.loader import TraceRow, load_trace, parse_minutes
@@ -426,11 +427,16 @@ def validate_command(
             repeats=_integer("--repeats", repeats),
             twin_seeds=_integer("--twin-seeds", twin_seeds),
         )
-    result = _with_status(
-        "validate",
-        len(parsed) * settings.repeats,
-        lambda on_status: validate(settings, parsed, out=out, on_status=on_status),
-    )
+    stop_on_signals()  # Ctrl-C or SIGTERM stop the stack it is running too
+    try:
+        result = _with_status(
+            "validate",
+            len(parsed) * settings.repeats,
+            lambda on_status: validate(settings, parsed, out=out, on_status=on_status),
+        )
+    except KeyboardInterrupt:
+        typer.echo("error: interrupted; the stack it was running is stopped", err=True)
+        raise typer.Exit(EXIT_INTERRUPTED) from None
     _show_validation(result, out, as_json)
 
 

@@ -14,11 +14,9 @@ with a non-zero exit.
 
 import os
 import secrets
-import signal
 import sys
 import time
 from pathlib import Path
-from types import FrameType
 
 import typer
 
@@ -35,7 +33,9 @@ from backend.cli.children import (
     answers,
     free_port,
     get_json,
+    ignore_signals,
     shared_host_threads,
+    stop_on_signals,
     stop_stack,
     wait_for,
 )
@@ -76,14 +76,6 @@ def demo_slos(
     ]
     ttft_slo_s, tbt_slo_s = derive_slos(load_timing(profile), rows)
     return ttft_slo_s * headroom, tbt_slo_s * headroom
-
-
-def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
-    """The first SIGINT or SIGTERM stops the stack; any later one is ignored, so that a
-    second signal (Ctrl-C and a parent's SIGTERM at once) cannot cut the stop short."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    raise KeyboardInterrupt
 
 
 def up_command(
@@ -141,8 +133,7 @@ def up_command(
     block_size = str(DEMO_BLOCK_SIZE)
     ttft_slo_s, tbt_slo_s = demo_slos(SHIPPED_TRACE, length_scale, slo_headroom, profile)
 
-    signal.signal(signal.SIGINT, _raise_interrupt)  # even if the shell started us ignoring it
-    signal.signal(signal.SIGTERM, _raise_interrupt)
+    stop_on_signals()
     logs = data_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     api_key = secrets.token_urlsafe(SECRET_BYTES)
@@ -281,8 +272,7 @@ def up_command(
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(1) from None
     finally:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        ignore_signals()
         if supervising is not None:
             supervising.stop()
         stop_stack(replay, children)

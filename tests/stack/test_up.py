@@ -14,35 +14,12 @@ from pathlib import Path
 import pytest
 
 from backend.cli.children import free_port
+from tests.harness.processes import alive, children_of
 
 KVCENTRIC = str(Path(sys.executable).parent / "kvcentric")
 _SUMMARY = re.compile(r"(\d+) requests in [\d.]+ s: .*completed (\d+)")
 
 pytestmark = pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc for children")
-
-
-def _children(pid: int) -> list[int]:
-    """Pids whose parent is `pid` (from /proc)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[1].split()
-        if int(fields[1]) == pid:
-            found.append(int(entry.name))
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 def test_up_replays_then_stops_cleanly_on_ctrl_c(tmp_path: Path) -> None:
@@ -77,7 +54,7 @@ def test_up_replays_then_stops_cleanly_on_ctrl_c(tmp_path: Path) -> None:
         assert int(summary.group(2)) > 0, output
         assert "KVC_API_KEY=" in output and "/docs" in output and "logs:" in output
         assert "console:" in output.lower(), output
-        children = _children(process.pid)
+        children = children_of(process.pid)
         assert len(children) == 5, children  # conductor + 2 prefill + 1 decode + console
         # Ctrl-C and a parent's SIGTERM at once: one clean stop, not one cut short.
         process.send_signal(signal.SIGINT)
@@ -86,9 +63,9 @@ def test_up_replays_then_stops_cleanly_on_ctrl_c(tmp_path: Path) -> None:
         reader.join(5)  # the last lines, read to the pipe's end
         assert "stopping ..." in "".join(lines) and "stopped" in "".join(lines)
         deadline = time.monotonic() + 5
-        while any(_alive(pid) for pid in children) and time.monotonic() < deadline:
+        while any(alive(pid) for pid in children) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert not any(_alive(pid) for pid in children), children
+        assert not any(alive(pid) for pid in children), children
         conductor_log = (tmp_path / "data" / "logs" / "conductor.log").read_text()
         # One access line per HTTP request, with status and latency; no Alembic chatter.
         assert re.search(r"kvcentric.access: POST /v1/native/requests 200 [\d.]+ ms", conductor_log)
@@ -106,7 +83,7 @@ def test_up_replays_then_stops_cleanly_on_ctrl_c(tmp_path: Path) -> None:
 
 def _pid_of(parent: int, *words: str) -> int:
     """The child of `parent` whose command line holds every one of `words`."""
-    for pid in _children(parent):
+    for pid in children_of(parent):
         try:
             command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
@@ -176,10 +153,10 @@ def test_up_starts_a_killed_agent_and_a_killed_conductor_again(tmp_path: Path) -
         with urllib.request.urlopen(request, timeout=60) as response:
             assert json.loads(response.read())["state"] == "completed"
         assert process.poll() is None
-        children = _children(process.pid)
+        children = children_of(process.pid)
         process.send_signal(signal.SIGINT)
         assert process.wait(60) == 0, "".join(lines)
-        assert not any(_alive(pid) for pid in children)
+        assert not any(alive(pid) for pid in children)
         output = "".join(lines)
         assert "supervisor: agent prefill-0 exited with code -9" in output, output
         assert "supervisor: conductor exited with code -9" in output, output

@@ -3,8 +3,10 @@ run live (its own stack per config) and in the twin, with the result's documente
 
 import json
 import math
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -21,6 +23,7 @@ from backend.bench.validate import (
 )
 from backend.observe.live_profile import profile_of_inputs
 from backend.policy.cost_model import CostModel
+from tests.harness.processes import alive, children_of
 
 KVCENTRIC = str(Path(sys.executable).parent / "kvcentric")
 
@@ -310,3 +313,38 @@ def test_repredict_names_a_folder_validate_did_not_write(tmp_path) -> None:
     )  # fmt: skip
     assert result.returncode == 2
     assert "not a `twin validate --out` folder" in result.stderr, result.stderr
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc for children")
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_stopped_validate_stops_the_stack_it_runs(signum) -> None:
+    """SIGTERM (a job cancelled, `timeout`) or SIGINT in the middle of a window: the
+    Conductor, the agents and the replay stop with it (they run in sessions of their own, so
+    they never see the signal); before, SIGTERM left them running. Started as a background
+    job is, ignoring SIGINT, which Python would go on ignoring unless told."""
+    process = subprocess.Popen(
+        [KVCENTRIC, "twin", "validate", "--warmup-minutes", "0:0.15", "--minutes", "0.15:2",
+         "--changes", "[{}]", "--tbt-slo", "0.5"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )  # fmt: skip
+    lines = []
+    try:
+        assert process.stderr is not None
+        for line in process.stderr:  # statuses, one a line where stderr is not a terminal
+            lines.append(line)
+            if "replaying the measured window" in line:
+                break
+        deadline = time.monotonic() + 30
+        while len(children := children_of(process.pid)) < 5 and time.monotonic() < deadline:
+            time.sleep(0.1)  # the window's replay starts just after its status line
+        assert len(children) == 5, (children, lines)  # conductor, 2P + 1D, the replay
+        process.send_signal(signum)
+        rest = process.stderr.read()
+        assert process.wait(timeout=60) == 130, rest
+        assert "interrupted; the stack it was running is stopped" in rest, rest
+        assert not any(alive(pid) for pid in children), children
+    finally:
+        if process.poll() is None:  # a failed assertion: stop it as a user would
+            process.terminate()
+            process.wait(timeout=60)
