@@ -22,7 +22,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -283,12 +283,25 @@ def _get_text(base_url: str, path: str, api_key: str) -> str:
 
 
 # -- the twin's prediction -------------------------------------------------------------------
+# How a kept run is read: as a prediction (the profile and live's beliefs as of the end of
+# warm-up), with hindsight (the window's end's profile, the warm-up's beliefs) or as the
+# console's What-if reads a recorded window (the window's end's profile, live's beliefs over
+# warm-up and window). `repredict` explains each.
+Reading = Literal["prediction", "hindsight", "whatif"]
+
+
 def predict(
-    live: Mapping[str, Any], block_size: int, work_dir: Path, *, seeds: int = 1
+    live: Mapping[str, Any],
+    block_size: int,
+    work_dir: Path,
+    *,
+    seeds: int = 1,
+    reading: Reading = "prediction",
 ) -> dict[str, Any]:
-    """The twin's report of the measured window on the live profile of the end of warm-up,
-    after replaying the warm-up (its requests are not reported); with `seeds` > 1, the
-    median report of that many seeds (`median_report`)."""
+    """The twin's report of the measured window, after replaying the warm-up (its requests
+    are not reported), on the live profile of the end of warm-up (of the window's end when
+    `reading` is not "prediction"); with `seeds` > 1, the median report of that many seeds
+    (`median_report`)."""
     from twin.config import TwinConfig
     from twin.run import simulate
 
@@ -296,7 +309,8 @@ def predict(
     if not rows:
         raise ValueError("the measured window recorded no request; replay a longer window")
     profile_path = work_dir / "live-profile.json"
-    profile_path.write_text(json.dumps(live["calibration"]["profile"]))
+    profiled = live["calibration"] if reading == "prediction" else live["calibration_after"]
+    profile_path.write_text(json.dumps(profiled["profile"]))
     num_prefill, num_decode = live["split"]
     config = TwinConfig.of_live_policy(
         live["policy"]["config"],
@@ -309,7 +323,7 @@ def predict(
         raise ValueError(f"the Conductor ran block size {config.block_size}, not {block_size}")
     measure_from_s = (live["window_from_ms"] - rows[0].timestamp_ms) / 1000.0
     end_s = (rows[-1].timestamp_ms - rows[0].timestamp_ms) / 1000.0
-    calibration = _live_calibration(live, rows[0].timestamp_ms, measure_from_s, end_s)
+    calibration = _live_calibration(live, rows[0].timestamp_ms, measure_from_s, end_s, reading)
     reports = [
         simulate(
             config.with_changes(seed=config.seed + seed),
@@ -324,17 +338,21 @@ def predict(
 
 
 def _live_calibration(
-    live: Mapping[str, Any], first_row_ms: float, measure_from_s: float, end_s: float
+    live: Mapping[str, Any],
+    first_row_ms: float,
+    measure_from_s: float,
+    end_s: float,
+    reading: Reading,
 ) -> "LiveCalibration | None":
-    """Live's calibration as the window began, on the twin's clock (zero at the first
-    exported row, which the export timed from the warm-up's start); None for runs kept
-    before their calibration's inputs were (the twin then calibrates on its own replay)."""
+    """What live's Conductor believed, on the twin's clock (zero at the first exported row,
+    which the export timed from the warm-up's start): over the warm-up, from the beliefs it
+    kept as the window began; or, read as the What-if reads a run, until the window's last
+    arrival, from those it kept at the window's end. None for runs kept before their
+    calibration's inputs were (the twin then calibrates on its own replay)."""
     from twin.cluster import LiveCalibration
 
-    # With hindsight the profile is the window's end's; the belief is still the warm-up's.
-    calibration = live.get("warmup_calibration", live["calibration"])
-    if live.get("as_whatif"):  # what live believed over all of it, as the What-if replays
-        calibration = live["calibration"]
+    whatif = reading == "whatif"
+    calibration = live["calibration_after"] if whatif else live["calibration"]
     inputs = calibration.get("profile_inputs")
     if inputs is None:
         return None
@@ -344,7 +362,7 @@ def _live_calibration(
         inputs,
         zero_s=warmup_start_s + first_row_ms / 1000.0,
         last_refit_s=None if last_refit_s is None else float(last_refit_s),
-        from_s=end_s if live.get("as_whatif") else measure_from_s,
+        from_s=end_s if whatif else measure_from_s,
     )
 
 
@@ -658,6 +676,7 @@ def repredict(
         raise ValueError(f"--twin-seeds must be at least 1, got {seeds}")
     if hindsight and as_whatif:
         raise ValueError("--hindsight and --whatif are two readings of a run: choose one")
+    reading: Reading = "hindsight" if hindsight else "whatif" if as_whatif else "prediction"
     if out is not None and out.resolve() == kept.resolve():
         raise ValueError(
             "--out must be another folder: the kept one holds what live was first compared with"
@@ -670,18 +689,11 @@ def repredict(
             label = f"run {number + 1}/{len(runs)}, config {json.dumps(entry['change'])}"
             on_status(f"{label}: predicting the window with the twin", number)
         live = entry["live"]
-        if as_whatif:
-            live = {**live, "calibration": live["calibration_after"], "as_whatif": True}
-        if hindsight:
-            live = {
-                **live,
-                "calibration": live["calibration_after"],
-                "warmup_calibration": live["calibration"],
-            }
-        if rebuild_profile:
-            live = {**live, "calibration": _rebuilt(live["calibration"], entry)}
+        if rebuild_profile:  # the calibration whose profile this reading reads
+            key = "calibration" if reading == "prediction" else "calibration_after"
+            live = {**live, key: _rebuilt(live[key], entry)}
         with tempfile.TemporaryDirectory(prefix="kvc-repredict-") as folder:
-            entry["twin"] = predict(live, block_size, Path(folder), seeds=seeds)
+            entry["twin"] = predict(live, block_size, Path(folder), seeds=seeds, reading=reading)
         by_index.setdefault(entry["index"], []).append(entry)
     configs = [
         config_entry(
