@@ -55,6 +55,33 @@ def ignore_signals() -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
+@contextlib.contextmanager
+def signals_held():
+    """Within: a first SIGINT or SIGTERM does not cut the work short but is held, and raised
+    as KeyboardInterrupt on leaving (later ones ignored), so that a stack already stopping
+    when the signal lands stops all of it before the command ends. Only where
+    `stop_on_signals` is in force, in the main thread; anywhere else it changes nothing."""
+    in_force = signal.getsignal(signal.SIGTERM) is _raise_interrupt
+    if not in_force or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    arrived: list[int] = []
+
+    def hold(signum: int, frame: FrameType | None) -> None:
+        ignore_signals()
+        arrived.append(signum)
+
+    signal.signal(signal.SIGINT, hold)
+    signal.signal(signal.SIGTERM, hold)
+    try:
+        yield
+    finally:
+        if not arrived:
+            stop_on_signals()
+    if arrived:
+        raise KeyboardInterrupt
+
+
 # The CPU priority of agents sharing a machine with the Conductor: they yield a core to it
 # when both want one, so a 429 or /healthz answer does not wait behind torch compute (with
 # 200 clients on 2 shared cores: 429 p99 ~20 ms at 10, 190-370 ms at 0; docs/benchmarks.md).
@@ -348,16 +375,18 @@ def wait_for(what: str, ready, children: list[Child], timeout_s: float = START_T
 
 
 def stop_stack(replay: Child | None, children: list[Child]) -> None:
-    """The replay first, then the agents (at once), then the conductor."""
-    if replay is not None:
-        replay.terminate()
-        replay.wait()
-    agents, conductor = children[1:], children[:1]
-    for group in (agents, conductor):
-        for child in group:
-            child.terminate()
-        for child in group:
-            child.wait()
+    """The replay first, then the agents (at once), then the conductor; a Ctrl-C or SIGTERM
+    arriving meanwhile is raised once all of them are stopped (`signals_held`)."""
+    with signals_held():
+        if replay is not None:
+            replay.terminate()
+            replay.wait()
+        agents, conductor = children[1:], children[:1]
+        for group in (agents, conductor):
+            for child in group:
+                child.terminate()
+            for child in group:
+                child.wait()
 
 
 class Host(Protocol):
