@@ -14,10 +14,14 @@ import pytest
 
 from backend.cli.children import Child, stop_on_signals, stop_stack
 
-# A child that takes a second to stop, as an agent finishing its work does.
+# A child that takes two seconds to stop, as an agent finishing its work does.
 _SLOW_TO_STOP = (
     "import signal, sys, time\n"
-    "signal.signal(signal.SIGTERM, lambda *_: (time.sleep(1.0), sys.exit(0)))\n"
+    "def stop(*_):\n"
+    "    print('stopping', flush=True)\n"
+    "    time.sleep(2.0)\n"
+    "    sys.exit(0)\n"
+    "signal.signal(signal.SIGTERM, stop)\n"
     "print('up', flush=True)\n"
     "time.sleep(60)\n"
 )
@@ -50,13 +54,21 @@ def test_a_signal_during_the_stop_is_raised_once_every_child_is_stopped(
 ) -> None:
     children = _stack(tmp_path)
     stop_on_signals()
-    timer = threading.Timer(0.3, os.kill, (os.getpid(), signum))  # while the agents stop
-    timer.start()
+    agent = children[1]
+
+    def signal_once_the_agents_stop() -> None:
+        deadline_s = time.monotonic() + 30
+        while "stopping" not in agent.log.read_text() and time.monotonic() < deadline_s:
+            time.sleep(0.01)
+        os.kill(os.getpid(), signum)
+
+    sender = threading.Thread(target=signal_once_the_agents_stop)
+    sender.start()
     try:
         with pytest.raises(KeyboardInterrupt):
             stop_stack(None, children)
     finally:
-        timer.join()
+        sender.join()
         for child in children:
             if child.process.poll() is None:
                 child.process.kill()
