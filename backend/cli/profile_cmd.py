@@ -13,8 +13,6 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from agents.model.registry import resolve_model
-
 _stderr = Console(stderr=True)
 
 
@@ -61,6 +59,8 @@ def profile(
 ) -> None:
     """Measure prefill (input x cached tokens), decode steps (batch x context), pool tier
     store/load per block and the TCP link between two processes; write the profile."""
+    from agents.model.registry import resolve_model  # imports torch: only when it runs
+
     try:
         resolve_model(preset)
     except ValueError as error:

@@ -1,9 +1,13 @@
-"""Sends one planned request as a streamed native request and measures TTFT and token gaps."""
+"""Sends one planned request as a streamed native request and measures TTFT and token gaps.
+
+The client is aiohttp's: the load generator shares the host with the cluster it measures
+(`kvcentric up`, `twin validate`), so its CPU a request is CPU the agents do not get.
+"""
 
 import json
 import time
 
-import httpx
+import aiohttp
 
 from backend.loadgen.plan import PlannedRequest
 from backend.loadgen.results import RequestResult, summarize_gaps
@@ -14,7 +18,7 @@ _SSE_DONE = "[DONE]"
 
 
 async def send_request(
-    client: httpx.AsyncClient, planned: PlannedRequest, *, sent_s: float
+    client: aiohttp.ClientSession, planned: PlannedRequest, *, sent_s: float
 ) -> RequestResult:
     """Send `planned` and read its stream to the end; every outcome becomes a result.
 
@@ -29,21 +33,23 @@ async def send_request(
     )
     start = time.monotonic()
     try:
-        async with client.stream("POST", NATIVE_PATH, json=planned.body) as response:
-            if response.status_code != 200:
-                await response.aread()
-                _on_error_response(result, response)
+        async with client.post(NATIVE_PATH, json=planned.body) as response:
+            if response.status != 200:
+                _on_error_response(result, response.status, await response.read(), response)
                 return result
             await _read_stream(result, response, start)
-    except httpx.HTTPError as error:
+    except (aiohttp.ClientError, TimeoutError) as error:
         result.status = "failed"
         result.message = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
     return result
 
 
-async def _read_stream(result: RequestResult, response: httpx.Response, start: float) -> None:
+async def _read_stream(
+    result: RequestResult, response: aiohttp.ClientResponse, start: float
+) -> None:
     last_token_at: float | None = None
-    async for line in response.aiter_lines():
+    async for raw in response.content:  # one SSE line at a time
+        line = raw.decode().rstrip("\r\n")
         if not line.startswith(_SSE_DATA):
             continue
         data = line[len(_SSE_DATA) :]
@@ -69,18 +75,23 @@ async def _read_stream(result: RequestResult, response: httpx.Response, start: f
     result.tbt = summarize_gaps(result.tbt_gaps_s)
 
 
-def _on_error_response(result: RequestResult, response: httpx.Response) -> None:
-    result.http_status = response.status_code
+def _on_error_response(
+    result: RequestResult, status: int, body: bytes, response: aiohttp.ClientResponse
+) -> None:
+    result.http_status = status
+    text = body.decode(errors="replace")
     try:
-        detail = response.json().get("error", {})
-    except ValueError:
+        detail = json.loads(text).get("error", {})
+    except (ValueError, AttributeError):
+        detail = {}
+    if not isinstance(detail, dict):
         detail = {}
     # A rejection: 429 (overload), or 503 when no prefill or decode instance serves.
-    if response.status_code in (429, 503) and "reason" in detail and "stage" in detail:
+    if status in (429, 503) and "reason" in detail and "stage" in detail:
         _on_error_detail(result, detail, retry_after=response.headers.get("Retry-After"))
         return
     result.status = "http_error"
-    result.message = detail.get("message") or response.text[:200]
+    result.message = detail.get("message") or text[:200]
 
 
 def _on_error_detail(result: RequestResult, detail: dict, retry_after: str | None) -> None:

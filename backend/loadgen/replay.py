@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TextIO
 
+import aiohttp
 import httpx
 
 from backend.loadgen.client import send_request
@@ -100,8 +101,7 @@ async def replay(
     slots = asyncio.Semaphore(limit)
     results: list[RequestResult] = []
     start = time.monotonic()
-    timeout = httpx.Timeout(None, connect=_CONNECT_TIMEOUT_S)
-    connections = httpx.Limits(max_connections=None, max_keepalive_connections=limit)
+    timeout = aiohttp.ClientTimeout(total=None, connect=_CONNECT_TIMEOUT_S)
     headers = {"Authorization": f"Bearer {api_key}"}
 
     async def one(request: PlannedRequest) -> None:
@@ -120,8 +120,11 @@ async def replay(
         if on_result is not None:
             on_result(result)
 
-    async with httpx.AsyncClient(
-        base_url=base_url, headers=headers, timeout=timeout, limits=connections
+    # As many connections as requests in flight (the concurrency limit bounds them); each is
+    # kept for the next request.
+    connector = aiohttp.TCPConnector(limit=0 if concurrency_limit is None else limit)
+    async with aiohttp.ClientSession(
+        base_url=base_url, headers=headers, timeout=timeout, connector=connector
     ) as client:
         await asyncio.gather(*(one(request) for request in planned))
     return ReplayRun(results=results, duration_s=time.monotonic() - start)

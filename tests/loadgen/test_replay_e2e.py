@@ -6,7 +6,7 @@ import json
 import socket
 from itertools import islice
 
-import httpx
+import aiohttp
 import pytest
 from typer.testing import CliRunner
 
@@ -117,7 +117,7 @@ def test_an_early_rejection_is_recorded_with_reason_stage_and_retry_after(url):
 
     async def send():
         headers = {"Authorization": f"Bearer {API_KEY}"}
-        async with httpx.AsyncClient(base_url=url, headers=headers) as client:
+        async with aiohttp.ClientSession(base_url=url, headers=headers) as client:
             return await send_request(client, planned, sent_s=0.0)
 
     result = asyncio.run(send())
