@@ -18,9 +18,11 @@ _SSE_DONE = "[DONE]"
 
 
 async def send_request(
-    client: aiohttp.ClientSession, planned: PlannedRequest, *, sent_s: float
+    client: aiohttp.ClientSession, planned: PlannedRequest, *, sent_s: float, base_url: str = ""
 ) -> RequestResult:
     """Send `planned` and read its stream to the end; every outcome becomes a result.
+    `base_url`: the server's URL, path included (a Conductor behind a proxy's prefix),
+    without its trailing slash; empty where the session has one.
 
     Times come from the monotonic clock at send: TTFT until the first token chunk, and one
     gap per later token chunk. Transport errors become `failed` with their message.
@@ -33,7 +35,7 @@ async def send_request(
     )
     start = time.monotonic()
     try:
-        async with client.post(NATIVE_PATH, json=planned.body) as response:
+        async with client.post(base_url + NATIVE_PATH, json=planned.body) as response:
             if response.status != 200:
                 _on_error_response(result, response.status, await response.read(), response)
                 return result

@@ -109,7 +109,7 @@ async def replay(
         async with slots:
             sent_s = time.monotonic() - start
             try:
-                result = await send_request(client, request, sent_s=sent_s)
+                result = await send_request(client, request, sent_s=sent_s, base_url=base_url)
             except Exception as error:  # a bad stream must still leave its line
                 result = RequestResult(
                     line=request.line_number, sent_s=sent_s, status="failed", message=repr(error)
@@ -123,8 +123,10 @@ async def replay(
     # As many connections as requests in flight (the concurrency limit bounds them); each is
     # kept for the next request.
     connector = aiohttp.TCPConnector(limit=0 if concurrency_limit is None else limit)
+    # The whole URL with each request: aiohttp's own base URL would drop a path's prefix.
+    base_url = base_url.rstrip("/")
     async with aiohttp.ClientSession(
-        base_url=base_url, headers=headers, timeout=timeout, connector=connector
+        headers=headers, timeout=timeout, connector=connector
     ) as client:
         await asyncio.gather(*(one(request) for request in planned))
     return ReplayRun(results=results, duration_s=time.monotonic() - start)

@@ -2,6 +2,7 @@
 uvicorn on a loopback port, as in tests/api/test_routes_e2e.py."""
 
 import asyncio
+import io
 import json
 import socket
 from itertools import islice
@@ -124,3 +125,45 @@ def test_an_early_rejection_is_recorded_with_reason_stage_and_retry_after(url):
     assert result.status == "rejected", result
     assert result.stage == "admission" and result.reason and result.retry_after_s > 0
     assert result.http_status == 429 and result.id and result.line == 7
+
+
+def test_a_conductor_behind_a_path_prefix_is_replayed_through_it(url):
+    """A reverse proxy (the outside world, faked) serves the real Conductor under /kvc/:
+    the replay keeps the prefix of its URL on every request."""
+    from aiohttp import ClientSession, web
+
+    from backend.loadgen.replay import replay
+
+    async def forward(request: web.Request) -> web.StreamResponse:
+        target = url + request.path.removeprefix("/kvc")
+        kept = {k: request.headers[k] for k in ("Authorization", "Content-Type")}
+        body = await request.read()
+        async with (
+            ClientSession() as upstream,
+            upstream.post(target, data=body, headers=kept) as answer,
+        ):
+            response = web.StreamResponse(
+                status=answer.status, headers={"Content-Type": answer.content_type}
+            )
+            await response.prepare(request)
+            async for chunk in answer.content.iter_any():
+                await response.write(chunk)
+            return response
+
+    async def run():
+        app = web.Application()
+        app.router.add_post("/kvc/{tail:.*}", forward)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]
+        body = {"hash_ids": [1], "input_length": 40, "max_tokens": 3, "stream": True}
+        planned = [PlannedRequest(line_number=1, send_at_s=0.0, body=body)]
+        try:
+            return await replay(f"http://127.0.0.1:{port}/kvc", API_KEY, planned, io.StringIO())
+        finally:
+            await runner.cleanup()
+
+    (result,) = asyncio.run(run()).results
+    assert (result.status, result.num_tokens) == ("completed", 3), result
