@@ -64,6 +64,8 @@ class _NotYet(PreflightError):
 
 def _check_once(base_url: str, api_key: str) -> None:
     headers = {"Authorization": f"Bearer {api_key}"}
+    # The whole URL with each request: aiohttp's own base URL would drop a path's prefix.
+    base_url = base_url.rstrip("/")
     try:
         with httpx.Client(base_url=base_url, timeout=_CONNECT_TIMEOUT_S) as client:
             health = client.get("/healthz")
@@ -123,8 +125,6 @@ async def replay(
     # As many connections as requests in flight (the concurrency limit bounds them); each is
     # kept for the next request.
     connector = aiohttp.TCPConnector(limit=0 if concurrency_limit is None else limit)
-    # The whole URL with each request: aiohttp's own base URL would drop a path's prefix.
-    base_url = base_url.rstrip("/")
     async with aiohttp.ClientSession(
         headers=headers, timeout=timeout, connector=connector
     ) as client:

@@ -10,13 +10,10 @@ host with the agents they measure).
 import subprocess
 import sys
 
-import pytest
 
-
-@pytest.mark.parametrize(
-    "module", ["backend.cli", "backend.cli.conductor_cmd", "backend.cli.replay_cmd"]
-)
-def test_the_command_line_does_not_import_torch(module):
+def test_the_command_line_does_not_import_torch():
+    # Any command's module runs backend/cli/__init__.py, which registers every command.
+    module = "backend.cli.replay_cmd"
     done = subprocess.run(
         [sys.executable, "-c", f"import sys, {module}; print('torch' in sys.modules)"],
         capture_output=True,
