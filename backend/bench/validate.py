@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from backend.bench import host_speed
 from backend.cli.children import KVCENTRIC, WARMUP_TOKENS, Child, get_json, start_local_stack
 from backend.observe.measures import FIDELITY_METRICS, relative_error
 from backend.policy.config import PolicyConfig, json_safe, policy_from_json
@@ -421,14 +422,36 @@ def config_entry(
     change: Mapping[str, Any],
     lives: Sequence[Mapping[str, Any]],
     twins: Sequence[Mapping[str, Any]],
+    speeds: Sequence[dict[str, float] | None] = (),
 ) -> dict[str, Any]:
     """One config of the result: its change, the window's requests live (the median over
-    runs; the rejection bound counts them) and the compared metrics."""
+    runs; the rejection bound counts them), the compared metrics and, from `speeds` (one
+    per run, `host_speed.host_speeds`), how fast the host ran its warm-ups and windows."""
     return {
         "change": dict(change),
         "num_requests": _median([report.get("num_requests") for report in lives]),
         "metrics": compare_runs(lives, twins),
+        "host_speed": host_speed.summary(speeds),
     }
+
+
+def speeds_by_config(
+    entries: Sequence[Mapping[str, Any]],
+) -> dict[int, list[dict[str, float] | None]]:
+    """Every run's host speed (`host_speed.host_speeds`, one yardstick for the whole set),
+    by config index, in run order; `entries` as validate's raw runs (index, live)."""
+    speeds = host_speed.host_speeds(
+        [
+            (host_speed.prefill_samples(e["live"]), float(start_s))
+            if (start_s := e["live"]["report"].get("start_s")) is not None
+            else ((), 0.0)
+            for e in entries
+        ]
+    )
+    by_index: dict[int, list[dict[str, float] | None]] = {}
+    for entry, speed in zip(entries, speeds, strict=True):
+        by_index.setdefault(entry["index"], []).append(speed)
+    return by_index
 
 
 BOUNDED = ("ttft_p50_s", "ttft_p90_s", "tbt_p50_s", "num_rejected", "cache_hit_ratio")
@@ -632,7 +655,11 @@ def validate(
             raw.append(
                 {"change": dict(change), "index": index, "run": run, "live": live, "twin": twin}
             )
-        configs = [config_entry(changes[index], *by_index[index]) for index in range(len(changes))]
+        speeds = speeds_by_config(raw)
+        configs = [
+            config_entry(changes[index], *by_index[index], speeds.get(index, ()))
+            for index in range(len(changes))
+        ]
         settings_json = {
             **{k: v for k, v in dataclasses.asdict(settings).items() if k != "trace"},
             "trace": str(settings.trace),
@@ -695,13 +722,15 @@ def repredict(
         with tempfile.TemporaryDirectory(prefix="kvc-repredict-") as folder:
             entry["twin"] = predict(live, block_size, Path(folder), seeds=seeds, reading=reading)
         by_index.setdefault(entry["index"], []).append(entry)
+    speeds = speeds_by_config(runs)
     configs = [
         config_entry(
             entries[0]["change"],
             [e["live"]["report"] for e in entries],
             [e["twin"] for e in entries],
+            speeds.get(index, ()),
         )
-        for _, entries in sorted(by_index.items())
+        for index, entries in sorted(by_index.items())
     ]
     settings_json = {
         **settings_json,

@@ -478,6 +478,7 @@ def _show_validation(result: dict, out: Path | None, as_json: bool) -> None:
     ]
     _print_rows(rows, ["config", "metric", "live", "twin", "rel_err"], "live vs twin")
     typer.echo(f"kendall tau: {result['kendall_tau']}  directions: {result['directions']}")
+    _print_host_speed(result["configs"])
     for name, verdict in result["bounds"].items():
         held = verdict["checked"] - len(verdict["missed"])
         typer.echo(f"{name} bounds: {held} of {verdict['checked']} held")
@@ -493,6 +494,24 @@ def _show_validation(result: dict, out: Path | None, as_json: bool) -> None:
             )
     if out is not None:
         typer.echo(f"wrote {out}/result.json, {out}/validate.html and the raw reports")
+
+
+def _print_host_speed(configs: list[dict[str, Any]]) -> None:
+    """The host's speed over each config's warm-ups and windows (backend/bench/host_speed.py):
+    a window slower than its warm-up is one the twin could not foresee."""
+    import json
+
+    parts = [
+        f"{json.dumps(c['change'])} {speed['warmup']:.2f} -> {speed['window']:.2f}"
+        f" ({speed['drift'] - 1:+.0%})"
+        for c in configs
+        if (speed := c.get("host_speed")) is not None
+    ]
+    if parts:
+        typer.echo(
+            "host speed, warm-up -> window (prefill CPU over the set's one model, medians "
+            "of runs; above 1 slower): " + "; ".join(parts)
+        )
 
 
 @twin_app.command("repredict")

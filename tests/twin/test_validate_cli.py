@@ -238,6 +238,8 @@ def test_a_short_window_live_and_in_the_twin(tmp_path) -> None:
         assert metrics["num_completed"]["live"] > 0
         live, twin = metrics["ttft_p50_s"]["live"], metrics["ttft_p50_s"]["twin"]
         assert metrics["ttft_p50_s"]["rel_err"] == pytest.approx((twin - live) / abs(live))
+        speed = config["host_speed"]  # None where the short window measured too few prefills
+        assert speed is None or set(speed) == {"warmup", "window", "drift", "runs"}
     assert set(report["kendall_tau"]) == {"ttft_mean_s", "goodput_rps"}
     assert set(report["directions"]) == {"right", "total"}
     assert set(report["bounds"]) == {"wave", "goal"}
@@ -263,6 +265,7 @@ def test_a_short_window_live_and_in_the_twin(tmp_path) -> None:
         assert after["change"] == before["change"]
         for name, values in after["metrics"].items():
             assert values["live"] == before["metrics"][name]["live"], name  # live as kept
+        assert after["host_speed"] == before["host_speed"]  # the kept measurements again
         assert after["metrics"]["ttft_p50_s"]["twin"] > 0
     assert json.loads((tmp_path / "again" / "result.json").read_text()) == repredicted
     assert "run 2/2" in again.stderr
