@@ -46,6 +46,17 @@ class PrefillSample:
     fetch_s: float = 0.0
     handover_s: float | None = None
 
+    def is_sound(self) -> bool:
+        """Whether it can be a measurement at all (finite, non-negative, cached and fetched
+        tokens within the input): the calibration takes nothing else."""
+        return (
+            _finite(self.time_s)
+            and 0 <= self.cached_tokens <= self.input_tokens
+            and 0 <= self.fetched_tokens <= self.input_tokens
+            and _non_negative(self.seconds, self.queue_s, self.fetch_s)
+            and _non_negative_or_none(self.cpu_s, self.handover_s)
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class DecodeStepSample:
@@ -60,6 +71,16 @@ class DecodeStepSample:
     seconds: float
     cpu_s: float | None = None
     pause_s: float | None = None
+
+    def is_sound(self) -> bool:
+        """Whether it can be a measurement at all (see `PrefillSample.is_sound`)."""
+        return (
+            _finite(self.time_s)
+            and self.batch_size >= 1
+            and self.context_tokens >= 0
+            and _non_negative(self.seconds)
+            and _non_negative_or_none(self.cpu_s, self.pause_s)
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +114,28 @@ class HostCpuSample:
     cpus: int
     busy_s: float
     total_s: float
+
+    def is_sound(self) -> bool:
+        """A named host with CPUs, and no more busy time than time."""
+        return (
+            _finite(self.time_s)
+            and bool(self.host_id)
+            and self.cpus > 0
+            and _non_negative(self.busy_s, self.total_s)
+            and self.busy_s <= self.total_s
+        )
+
+
+def _finite(value: float) -> bool:
+    return isinstance(value, int | float) and math.isfinite(value)
+
+
+def _non_negative(*values: float) -> bool:
+    return all(_finite(v) and v >= 0 for v in values)
+
+
+def _non_negative_or_none(*values: float | None) -> bool:
+    return all(v is None or _non_negative(v) for v in values)
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,6 +9,7 @@ restart.
 
 import dataclasses
 import logging
+import math
 
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -18,6 +19,8 @@ from backend.rpc.reports import Heartbeat
 from backend.runtime.state import AfterWork, RuntimeState
 
 logger = logging.getLogger(__name__)
+
+UNSOUND_LOG_INTERVAL_S = 60.0
 
 
 class CalibrationFeed:
@@ -35,29 +38,34 @@ class CalibrationFeed:
         self.calibrator = calibrator
         self.calibrate = calibrate
         self._sessions = session_factory
+        # Measurements an agent sent that cannot be measurements (`is_sound`), by agent, and
+        # when that was last logged: dropped one by one, logged at most once a minute each.
+        self.num_unsound: dict[str, int] = {}
+        self._unsound_logged_s: dict[str, float] = {}
 
     def on_heartbeat(self, heartbeat: Heartbeat, now_s: float, clock_offset_s: float) -> AfterWork:
         """Take the agent's measurements into the window; refit when due (lock held: the
         core believes the new model from the next event on). Returns the export and saving
         of the new state, to do after the lock."""
         calibrator = self.calibrator
+        prefill = [s for s in heartbeat.prefill_samples if s.is_sound()]
+        decode = [s for s in heartbeat.decode_steps if s.is_sound()]
+        host_cpu = heartbeat.host_cpu
+        if host_cpu is not None and not host_cpu.is_sound():
+            host_cpu = None
+        self._note_unsound(heartbeat, len(prefill), len(decode), host_cpu, now_s)
         # Onto our clock: when each ended matters (host sharing reads how they overlapped).
         calibrator.add_prefill(
             dataclasses.replace(sample, time_s=min(now_s, sample.time_s + clock_offset_s))
-            for sample in heartbeat.prefill_samples
+            for sample in prefill
         )
         calibrator.add_decode(
             dataclasses.replace(sample, time_s=min(now_s, sample.time_s + clock_offset_s))
-            for sample in heartbeat.decode_steps
+            for sample in decode
         )
-        if heartbeat.host_cpu is not None:
+        if host_cpu is not None:
             calibrator.add_host_cpu(
-                [
-                    dataclasses.replace(
-                        heartbeat.host_cpu,
-                        time_s=min(now_s, heartbeat.host_cpu.time_s + clock_offset_s),
-                    )
-                ]
+                [dataclasses.replace(host_cpu, time_s=min(now_s, host_cpu.time_s + clock_offset_s))]
             )
         if not (self.calibrate and calibrator.is_due(now_s)):
             return []
@@ -80,6 +88,32 @@ class CalibrationFeed:
             saved = calibrator.to_state()
             work.append(lambda: self._save(saved, now_s))
         return work
+
+    def _note_unsound(
+        self,
+        heartbeat: Heartbeat,
+        num_prefill: int,
+        num_decode: int,
+        host_cpu: object | None,
+        now_s: float,
+    ) -> None:
+        dropped = (
+            len(heartbeat.prefill_samples) - num_prefill
+            + len(heartbeat.decode_steps) - num_decode
+            + (heartbeat.host_cpu is not None and host_cpu is None)
+        )  # fmt: skip
+        if not dropped:
+            return
+        agent = heartbeat.instance_id
+        self.num_unsound[agent] = self.num_unsound.get(agent, 0) + dropped
+        if now_s - self._unsound_logged_s.get(agent, -math.inf) >= UNSOUND_LOG_INTERVAL_S:
+            self._unsound_logged_s[agent] = now_s
+            logger.warning(
+                "calibration: dropped %d measurement(s) from %s that cannot be right (negative "
+                "or non-finite times, cached tokens beyond the input, busy beyond total CPU); "
+                "%d so far",
+                dropped, agent, self.num_unsound[agent],
+            )  # fmt: skip
 
     def _export(self, snapshot: Calibrator) -> None:
         residuals = snapshot.residuals()

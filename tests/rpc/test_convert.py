@@ -113,7 +113,7 @@ def test_measurements_keep_when_they_ended_across_the_wire() -> None:
     assert heartbeat_from_proto(wire) == beat
 
 
-def test_the_hosts_cpu_counters_travel_at_the_heartbeats_time_and_bad_ones_are_refused() -> None:
+def test_the_hosts_cpu_counters_travel_at_the_heartbeats_time_as_sent() -> None:
     counters = HostCpuSample(100.0, "boot-1", 2, 1234.5, 4000.25)
     beat = Heartbeat(100.0, "p1", 1, "prefill", False, AgentLoad(), host_cpu=counters)
     wire = pb.HeartbeatRequest.FromString(heartbeat_to_proto(beat).SerializeToString())
@@ -121,6 +121,7 @@ def test_the_hosts_cpu_counters_travel_at_the_heartbeats_time_and_bad_ones_are_r
     without = Heartbeat(100.0, "p1", 2, "prefill", False, AgentLoad())
     assert heartbeat_from_proto(heartbeat_to_proto(without)).host_cpu is None
     bad = heartbeat_to_proto(beat)
-    bad.host_cpu.busy_s = 5000.0  # more busy than there was time
-    with pytest.raises(ValueError, match="host_cpu"):
-        heartbeat_from_proto(bad)
+    bad.host_cpu.busy_s = 5000.0  # more busy than there was time: the Conductor drops it
+    received = heartbeat_from_proto(bad).host_cpu  # (tests/runtime/test_membership.py)
+    assert received is not None and not received.is_sound()
+    assert counters.is_sound()

@@ -226,3 +226,44 @@ def test_a_restarted_conductor_ends_its_predecessors_open_requests(sessions) -> 
         kept = request_log.get_request(session=session, request_id="done")
     assert (ended.outcome.state, ended.outcome.reason) == ("failed", "conductor_restart")
     assert kept.outcome.state == "rejected"
+
+
+def test_a_measurement_that_cannot_be_right_is_dropped_and_the_heartbeat_kept(conductor) -> None:
+    """An agent's bad measurement (a bug, another version) must not poison the calibration's
+    fit, nor cost the heartbeat that carries it: its liveness and KV events still count."""
+    runtime, clock, stub = conductor
+    secret = call_metadata(SECRET)
+    assert stub.Join(_join("p1", pb.PREFILL), metadata=secret).accepted
+    beat = _beat("p1", [41, 42])
+    sound = dict(input_tokens=300, cached_tokens=100, seconds=0.05, age_s=0.2, cpu_s=0.04)
+    beat.prefill_samples.extend(
+        [
+            pb.PrefillSample(**sound),
+            pb.PrefillSample(**{**sound, "seconds": -0.05}),
+            pb.PrefillSample(**{**sound, "cached_tokens": 400}),  # more cached than input
+            pb.PrefillSample(**{**sound, "cpu_s": float("nan")}),
+        ]
+    )
+    beat.decode_steps.extend(
+        [
+            pb.DecodeStepSample(batch_size=4, context_tokens=900, seconds=0.02, age_s=0.1),
+            pb.DecodeStepSample(batch_size=0, context_tokens=900, seconds=0.02, age_s=0.1),
+            pb.DecodeStepSample(batch_size=4, context_tokens=900, seconds=float("inf")),
+        ]
+    )
+    beat.host_cpu.CopyFrom(pb.HostCpuSample(host_id="boot-1", cpus=2, busy_s=9.0, total_s=8.0))
+    clock.now_s += 1.0
+    assert stub.Heartbeat(beat, metadata=secret).acknowledged
+    assert runtime.core.index.prefix_blocks((41, 42), ["p1"]) == {"p1": 2}  # its KV events
+    calibrator = runtime.calibrator
+    assert [(s.input_tokens, s.cached_tokens, s.seconds) for s in calibrator.prefill] == [
+        (300, 100, 0.05)
+    ]
+    assert [(s.batch_size, s.seconds) for s in calibrator.decode] == [(4, 0.02)]
+    assert list(calibrator.host_cpu) == []
+    beat.host_cpu.busy_s = 5.0  # a sound reading is taken
+    beat.ClearField("prefill_samples")
+    beat.ClearField("decode_steps")
+    beat.sequence = 2
+    assert stub.Heartbeat(beat, metadata=secret).acknowledged
+    assert [s.busy_s for s in calibrator.host_cpu] == [5.0]
