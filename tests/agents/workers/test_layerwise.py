@@ -8,6 +8,8 @@ import torch
 from agents.workers import BlockSink, BlockSource, PrefillWorker
 from tests.agents.model.helpers import BLOCK_SIZE, prompt
 
+STORE_GATE_TIMEOUT_S = 60.0
+
 
 class RecordingSource(BlockSource):
     def __init__(self, blocks, events):
@@ -27,7 +29,9 @@ class RecordingSource(BlockSource):
 
 class GatedSink(BlockSink):
     """Stores run on a thread but only once wait_all opens the gate: a worker that waited
-    for a store inside the layer loop would see it time out."""
+    for a store inside the layer loop would see it time out. The timeout is long enough
+    for a starved CI machine to compute every layer before wait_all (5 s was not), and
+    bounds the failing case."""
 
     def __init__(self, num_layers, events, executor):
         super().__init__(num_layers, BLOCK_SIZE, executor=executor)
@@ -40,7 +44,7 @@ class GatedSink(BlockSink):
         return super().start_store(layer, k, v)
 
     def _store(self, layer, k, v):
-        self.ran_before_wait_all.append(not self.gate.wait(timeout=5))
+        self.ran_before_wait_all.append(not self.gate.wait(timeout=STORE_GATE_TIMEOUT_S))
         super()._store(layer, k, v)
 
     def wait_all(self):
