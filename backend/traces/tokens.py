@@ -6,7 +6,6 @@ says the prefixes agree and differ after.
 """
 
 from collections.abc import Sequence
-from functools import lru_cache
 
 import numpy as np
 
@@ -37,10 +36,7 @@ def trace_token_ids(
     _check(hash_ids, input_length, block_size, vocab_size, length_scale)
     num_tokens = scaled_input_tokens(input_length, block_size=block_size, length_scale=length_scale)
     scaled_block_size = _scaled_block_size(block_size, length_scale)
-    blocks = [_block_tokens(hash_id, scaled_block_size, vocab_size) for hash_id in hash_ids]
-    if not blocks:
-        return np.empty(0, dtype=np.int32)
-    return np.concatenate(blocks)[:num_tokens]
+    return _block_tokens(hash_ids, scaled_block_size, vocab_size).reshape(-1)[:num_tokens]
 
 
 def scaled_input_tokens(
@@ -61,12 +57,30 @@ def _scaled_block_size(block_size: int, length_scale: float) -> int:
     return max(1, round(block_size * length_scale))
 
 
-@lru_cache(maxsize=4096)
-def _block_tokens(hash_id: int, num_tokens: int, vocab_size: int) -> np.ndarray:
-    # Seeded by the id alone, so a block's tokens do not depend on the request it is in.
-    tokens = np.random.default_rng(hash_id).integers(0, vocab_size, size=num_tokens, dtype=np.int32)
-    tokens.setflags(write=False)  # shared through the cache
-    return tokens
+# SplitMix64's constants (Steele, Lea and Flood, "Fast splittable pseudorandom number
+# generators", OOPSLA 2014): its finalizer turns consecutive integers into well-mixed ones.
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_MIX_1 = np.uint64(0xBF58476D1CE4E5B9)
+_MIX_2 = np.uint64(0x94D049BB133111EB)
+_ID_MASK = (1 << 64) - 1
+
+
+def _block_tokens(hash_ids: Sequence[int], num_tokens: int, vocab_size: int) -> np.ndarray:
+    """A (blocks, num_tokens) int32 array: row k holds the tokens of block `hash_ids[k]`,
+    drawn from that id alone (SplitMix64 over the id and the position), so a block's tokens
+    do not depend on the request it is in. All blocks at once: a NumPy generator seeded per
+    block cost the Conductor about 0.5 ms of CPU a request, 15 % of its HTTP thread."""
+    ids = np.array([hash_id & _ID_MASK for hash_id in hash_ids], dtype=np.uint64)
+    positions = np.arange(1, num_tokens + 1, dtype=np.uint64)
+    state = _mix(_mix(ids) + _GOLDEN)[:, None] + positions[None, :] * _GOLDEN
+    return (_mix(state) % np.uint64(vocab_size)).astype(np.int32)
+
+
+def _mix(z: np.ndarray) -> np.ndarray:
+    """SplitMix64's finalizer, elementwise (uint64 arithmetic wraps, as it must)."""
+    z = (z ^ (z >> np.uint64(30))) * _MIX_1
+    z = (z ^ (z >> np.uint64(27))) * _MIX_2
+    return z ^ (z >> np.uint64(31))
 
 
 def _ids_and_length(row: TraceRow | tuple[Sequence[int], int]) -> tuple[Sequence[int], int]:
