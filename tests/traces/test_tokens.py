@@ -93,3 +93,18 @@ def test_bad_options_are_refused(kwargs, problem):
 def test_ids_that_do_not_fit_the_length_are_refused():
     with pytest.raises(ValueError, match="2 hash ids do not fit input_length 100"):
         trace_token_ids(([1, 2], 100))
+
+
+def test_ids_beyond_64_bits_give_tokens_not_an_overflow():
+    """A client may send any non-negative id (the native API's hash_ids): no error for one
+    past 64 bits, and its tokens are drawn from it as from any other id."""
+    tokens = trace_token_ids(([2**70, 5], 1000), vocab_size=1000)
+    assert len(tokens) == 1000 and tokens.min() >= 0 and tokens.max() < 1000
+    np.testing.assert_array_equal(tokens[:512], trace_token_ids(([2**70], 512), vocab_size=1000))
+
+
+def test_tokens_are_spread_evenly_over_the_vocabulary():
+    counts = np.bincount(trace_token_ids((list(range(500)), 500 * 512), vocab_size=100))
+    assert len(counts) == 100
+    expected = 500 * 512 / 100
+    assert np.abs(counts - expected).max() < 6 * np.sqrt(expected)  # Poisson-like spread
