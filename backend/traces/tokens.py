@@ -70,7 +70,7 @@ def _block_tokens(hash_ids: Sequence[int], num_tokens: int, vocab_size: int) -> 
     drawn from that id alone (SplitMix64 over the id and the position), so a block's tokens
     do not depend on the request it is in. All blocks at once: a NumPy generator seeded per
     block cost the Conductor about 0.5 ms of CPU a request, 15 % of its HTTP thread."""
-    ids = np.array([hash_id & _ID_MASK for hash_id in hash_ids], dtype=np.uint64)
+    ids = np.array([int(hash_id) & _ID_MASK for hash_id in hash_ids], dtype=np.uint64)
     positions = np.arange(1, num_tokens + 1, dtype=np.uint64)
     state = _mix(_mix(ids) + _GOLDEN)[:, None] + positions[None, :] * _GOLDEN
     return (_mix(state) % np.uint64(vocab_size)).astype(np.int32)
