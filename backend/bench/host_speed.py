@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from backend.policy.cost_model import fit_prefill
+from backend.policy.cost_model import PrefillFit, fit_prefill
 
 # Prefills each part of a run (warm-up, window) needs for its speed to be given.
 MIN_PREFILLS = 20
@@ -88,6 +88,6 @@ def _point(sample: Mapping[str, Any]) -> tuple[int, int, float, float]:
     )
 
 
-def _speed(fit: Any, points: Sequence[tuple[int, int, float, float]]) -> float:
+def _speed(fit: PrefillFit, points: Sequence[tuple[int, int, float, float]]) -> float:
     modelled = sum(fit.time_s(i, c) for i, c, _, _ in points)
     return sum(t for _, _, t, _ in points) / modelled

@@ -64,8 +64,6 @@ class _NotYet(PreflightError):
 
 def _check_once(base_url: str, api_key: str) -> None:
     headers = {"Authorization": f"Bearer {api_key}"}
-    # The whole URL with each request: aiohttp's own base URL would drop a path's prefix.
-    base_url = base_url.rstrip("/")
     try:
         with httpx.Client(base_url=base_url, timeout=_CONNECT_TIMEOUT_S) as client:
             health = client.get("/healthz")
@@ -99,6 +97,9 @@ async def replay(
     on_result: Callable[[RequestResult], None] | None = None,
 ) -> ReplayRun:
     """Send `planned` against `base_url`, writing one JSON line per result to `out`."""
+    # The whole URL with each request (aiohttp's own base URL would drop a path's prefix),
+    # so without its trailing slash.
+    base_url = base_url.rstrip("/")
     limit = concurrency_limit if concurrency_limit is not None else len(planned) or 1
     slots = asyncio.Semaphore(limit)
     results: list[RequestResult] = []

@@ -161,9 +161,13 @@ def test_a_conductor_behind_a_path_prefix_is_replayed_through_it(url):
         body = {"hash_ids": [1], "input_length": 40, "max_tokens": 3, "stream": True}
         planned = [PlannedRequest(line_number=1, send_at_s=0.0, body=body)]
         try:
-            return await replay(f"http://127.0.0.1:{port}/kvc", API_KEY, planned, io.StringIO())
+            return [
+                await replay(f"http://127.0.0.1:{port}{prefix}", API_KEY, planned, io.StringIO())
+                for prefix in ("/kvc", "/kvc/")  # with or without its trailing slash
+            ]
         finally:
             await runner.cleanup()
 
-    (result,) = asyncio.run(run()).results
-    assert (result.status, result.num_tokens) == ("completed", 3), result
+    for run_ in asyncio.run(run()):
+        (result,) = run_.results
+        assert (result.status, result.num_tokens) == ("completed", 3), result
