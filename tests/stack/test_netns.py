@@ -66,43 +66,26 @@ def _two_prefill_stack(tmp_path: Path, net: VirtualHosts):
     )
 
 
-def test_a_replay_across_namespaces_ends_every_request_and_fetches_between_agents(
+def test_a_replay_across_namespaces_fetches_between_agents_at_each_links_speed(
     tmp_path,
 ) -> None:
+    """Every agent is bound to its own namespace's address, not loopback, and a replay across
+    the namespaces ends every request with KV fetched between the prefill agents. The link
+    between them is shaped one way at 8 Mbit/s and the other way at 80 Mbit/s (the hand-off
+    to the decode agent at full speed): the Conductor measures each pair from its fetches
+    and believes it as fast as they went (GET /v1/links, which routing's transfer branch
+    uses: tests/policy/test_links.py shows a slow pair fetched from less). Which way the
+    fetches go depends on which agent a hot prefix reached first, so both ways are shaped
+    and each pair fetched over is checked against its own rate."""
     with VirtualHosts(4, tag=_tag()) as net:
         stack = _two_prefill_stack(tmp_path, net)
         try:
             agents = get_json(f"{stack.base_url}/v1/agents", stack.api_key)
             assert isinstance(agents, list) and len(agents) == 3
             addresses = {h.address for h in net.hosts[1:]}
-            for agent in agents:  # each bound to its own namespace's address, not loopback
+            for agent in agents:
                 assert agent["rpc_address"].rpartition(":")[0] in addresses, agent
                 assert agent["data_address"].rpartition(":")[0] in addresses, agent
-            results = _replay(stack, tmp_path / "replay.jsonl", "0:1.5", "4")
-            report = _settled_report(stack, len(results))
-        finally:
-            stack.stop()
-    assert results and report["num_requests"] == len(results)
-    ended = sum(
-        report[k] or 0 for k in ("num_completed", "num_rejected", "num_failed", "num_cancelled")
-    )
-    assert ended == len(results)  # every request one terminal state
-    assert report["num_completed"] > 0
-    assert report["num_transferred_tokens"] > 0  # KV fetched from the other prefill agent
-
-
-def test_the_conductor_believes_each_link_as_fast_as_its_fetches(tmp_path) -> None:
-    """The link between the prefill agents is shaped one way at 8 Mbit/s and the other way at
-    80 Mbit/s (the hand-off to the decode agent at full speed): the Conductor measures each
-    pair from its fetches and believes it as fast as they went (GET /v1/links, which
-    routing's transfer branch uses: tests/policy/test_links.py shows a slow pair fetched from
-    less). Which way the fetches go depends on which agent a hot prefix reached first, so
-    both ways are shaped and each pair fetched over is checked against its own rate."""
-    with VirtualHosts(4, tag=_tag()) as net:
-        stack = _two_prefill_stack(tmp_path, net)
-        try:
-            agents = get_json(f"{stack.base_url}/v1/agents", stack.api_key)
-            assert isinstance(agents, list)
             by_address = {a["data_address"].rpartition(":")[0]: a for a in agents}
             first, second = (by_address[h.address]["instance_id"] for h in net.hosts[1:3])
             assert {by_address[h.address]["role"] for h in net.hosts[1:3]} == {"prefill"}
@@ -121,6 +104,7 @@ def test_the_conductor_believes_each_link_as_fast_as_its_fetches(tmp_path) -> No
         finally:
             stack.stop()
     _assert_none_lost(results, report)
+    assert report["num_transferred_tokens"] > 0  # KV fetched from the other prefill agent
     assert isinstance(links, dict) and links["profile_bandwidth_bytes_per_s"] > 1e9
     measured = {
         (r["source"], r["destination"]): r["bandwidth_bytes_per_s"] for r in links["measured"]
