@@ -106,6 +106,14 @@ def up_command(
     no_replay: bool = typer.Option(False, "--no-replay", help="Skip the trace replay."),
     console_port: int = typer.Option(8501, "--console-port", help="The operator console's port."),
     no_console: bool = typer.Option(False, "--no-console", help="Do not start the console."),
+    warmup_tokens: int = typer.Option(
+        WARMUP_TOKENS,
+        "--warmup-tokens",
+        min=0,
+        help="Each prefill agent computes prompts of up to this many tokens before it serves, "
+        "so its first requests run at steady speed; 0 skips it (the real model on a CPU "
+        "takes about 25 s for the default).",
+    ),
     slo_headroom: float = typer.Option(
         DEMO_SLO_HEADROOM,
         "--slo-headroom",
@@ -204,7 +212,7 @@ def up_command(
                         logs=logs,
                         torch_threads=shared_host_threads(len(roles)),
                         model=model,
-                        warmup_tokens=WARMUP_TOKENS,
+                        warmup_tokens=warmup_tokens,
                     )
                 )
 

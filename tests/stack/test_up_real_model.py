@@ -40,7 +40,7 @@ def served(tmp_path_factory):
     port = free_port()
     args = [
         KVCENTRIC, "up", "--model", MODEL, "--prefill", "1", "--decode", "1", "--no-replay",
-        "--no-console", "--data-dir", str(data), "--port", str(port),
+        "--no-console", "--warmup-tokens", "0", "--data-dir", str(data), "--port", str(port),
         "--grpc-port", str(free_port()),
     ]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if not k.startswith("KVC_")}
