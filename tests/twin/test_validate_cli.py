@@ -222,7 +222,7 @@ def test_a_short_window_live_and_in_the_twin(tmp_path) -> None:
     """Small and untimed: the figures of docs/fidelity.md come from longer windows."""
     out = tmp_path / "validate"
     result = run(
-        "--warmup-minutes", "0:0.15", "--minutes", "0.15:0.3",
+        "--warmup-minutes", "0:0.15", "--minutes", "0.15:0.3", "--speed", "2",
         "--changes", '[{}, {"kvcache_balancing_threshold": "inf"}]', "--tbt-slo", "0.5",
         "--out", str(out), "--json",
     )  # fmt: skip
@@ -327,7 +327,7 @@ def test_a_stopped_validate_stops_the_stack_it_runs(signum) -> None:
     job is, ignoring SIGINT, which Python would go on ignoring unless told."""
     process = subprocess.Popen(
         [KVCENTRIC, "twin", "validate", "--warmup-minutes", "0:0.15", "--minutes", "0.15:2",
-         "--changes", "[{}]", "--tbt-slo", "0.5"],
+         "--speed", "3", "--changes", "[{}]", "--tbt-slo", "0.5"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
     )  # fmt: skip
