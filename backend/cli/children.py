@@ -282,7 +282,8 @@ def agent_child(
     warmup_tokens: int = 0,
 ) -> Child:
     """An agent serving `model` on free ports that joins `conductor` ("host:port"): on
-    loopback, or bound to `host`'s address inside it (a virtual host of its own)."""
+    loopback, or bound to `host`'s address inside it (a virtual host of its own). A prefill
+    agent runs `warmup_tokens` of prompts before it serves (decode agents have none)."""
     address = host.address if host is not None else "127.0.0.1"
     args = [
         KVCENTRIC, "agent", "--role", role, "--listen", f"{address}:0",
@@ -291,7 +292,7 @@ def agent_child(
     ]  # fmt: skip
     if torch_threads is not None:
         args += ["--torch-threads", str(torch_threads)]
-    if warmup_tokens:
+    if warmup_tokens and role == "prefill":
         args += ["--warmup-tokens", str(warmup_tokens)]
     if host is not None:
         args = host.command(args)

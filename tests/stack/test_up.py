@@ -25,7 +25,7 @@ pytestmark = pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc 
 def test_up_replays_then_stops_cleanly_on_ctrl_c(tmp_path: Path) -> None:
     args = [
         KVCENTRIC, "up", "--minutes", "0:0.2", "--length-scale", "0.02", "--speed", "8",
-        "--data-dir", str(tmp_path / "data"), "--port", str(free_port()),
+        "--warmup-tokens", "300", "--data-dir", str(tmp_path / "data"), "--port", str(free_port()),
         "--grpc-port", str(free_port()), "--console-port", str(free_port()),
     ]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if not k.startswith("KVC_")}
@@ -70,6 +70,11 @@ def test_up_replays_then_stops_cleanly_on_ctrl_c(tmp_path: Path) -> None:
         # One access line per HTTP request, with status and latency; no Alembic chatter.
         assert re.search(r"kvcentric.access: POST /v1/native/requests 200 [\d.]+ ms", conductor_log)
         assert "setup plugin" not in conductor_log
+        # --warmup-tokens reaches the prefill agents, which warm up before they serve.
+        logs = tmp_path / "data" / "logs"
+        for name in ("prefill-0", "prefill-1"):
+            assert f"agent {name} warmed up in" in (logs / f"agent-{name}.log").read_text()
+        assert "warmed up" not in (logs / "agent-decode-0.log").read_text()
         # The secrets printed once are kept for later, readable by the user only.
         secrets_file = tmp_path / "data" / "secrets.env"
         assert secrets_file.stat().st_mode & 0o777 == 0o600
