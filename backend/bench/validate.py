@@ -28,6 +28,7 @@ import numpy as np
 
 from backend.bench import host_speed
 from backend.cli.children import KVCENTRIC, WARMUP_TOKENS, Child, get_json, start_local_stack
+from backend.observe.live_profile import with_parts
 from backend.observe.measures import FIDELITY_METRICS, relative_error
 from backend.policy.config import PolicyConfig, json_safe, policy_from_json
 from backend.traces.loader import TraceRow, iter_trace, load_trace, parse_minutes
@@ -298,10 +299,12 @@ def predict(
     *,
     seeds: int = 1,
     reading: Reading = "prediction",
+    hindsight_of: Sequence[str] = (),
 ) -> dict[str, Any]:
     """The twin's report of the measured window, after replaying the warm-up (its requests
     are not reported), on the live profile of the end of warm-up (of the window's end when
-    `reading` is not "prediction"); with `seeds` > 1, the median report of that many seeds
+    `reading` is not "prediction"; a prediction's `hindsight_of` parts of the profile, as
+    `with_parts` names them, too); with `seeds` > 1, the median report of that many seeds
     (`median_report`)."""
     from twin.config import TwinConfig
     from twin.run import simulate
@@ -311,7 +314,10 @@ def predict(
         raise ValueError("the measured window recorded no request; replay a longer window")
     profile_path = work_dir / "live-profile.json"
     profiled = live["calibration"] if reading == "prediction" else live["calibration_after"]
-    profile_path.write_text(json.dumps(profiled["profile"]))
+    profile = profiled["profile"]
+    if hindsight_of and reading == "prediction":
+        profile = with_parts(profile, live["calibration_after"]["profile"], hindsight_of)
+    profile_path.write_text(json.dumps(profile))
     num_prefill, num_decode = live["split"]
     config = TwinConfig.of_live_policy(
         live["policy"]["config"],
@@ -675,6 +681,7 @@ def repredict(
     *,
     seeds: int,
     hindsight: bool = False,
+    hindsight_of: Sequence[str] = (),
     as_whatif: bool = False,
     rebuild_profile: bool = False,
     out: Path | None = None,
@@ -690,6 +697,10 @@ def repredict(
     Not a prediction, since it has seen the window: the twin's own error apart from how far
     the host's speed moved between warm-up and window (`settings.hindsight`).
 
+    `hindsight_of`: only these parts of the profile as of the window's end (`with_parts`:
+    prefill, decode, host, serving, link), the rest as of the warm-up's end: which of the
+    warm-up's measurements a prediction's error comes from (`settings.hindsight_of`).
+
     `as_whatif`: predict each kept run as the console's What-if predicts a recorded window:
     the twin reads the live profile as of the window's end and believes what live's
     Conductor believed over the warm-up and the window, each model from when live did,
@@ -703,6 +714,12 @@ def repredict(
         raise ValueError(f"--twin-seeds must be at least 1, got {seeds}")
     if hindsight and as_whatif:
         raise ValueError("--hindsight and --whatif are two readings of a run: choose one")
+    if hindsight_of and (hindsight or as_whatif):
+        flag = "--hindsight" if hindsight else "--whatif"
+        raise ValueError(
+            f"--hindsight-of reads a prediction partly with hindsight: not with {flag}"
+        )
+    with_parts({}, {}, hindsight_of)  # an unknown part is named before any run is read
     reading: Reading = "hindsight" if hindsight else "whatif" if as_whatif else "prediction"
     if out is not None and out.resolve() == kept.resolve():
         raise ValueError(
@@ -716,11 +733,20 @@ def repredict(
             label = f"run {number + 1}/{len(runs)}, config {json.dumps(entry['change'])}"
             on_status(f"{label}: predicting the window with the twin", number)
         live = entry["live"]
-        if rebuild_profile:  # the calibration whose profile this reading reads
-            key = "calibration" if reading == "prediction" else "calibration_after"
-            live = {**live, key: _rebuilt(live[key], entry)}
+        if rebuild_profile:  # the calibrations whose profiles this reading reads
+            keys = ["calibration"] if reading == "prediction" else []
+            if reading != "prediction" or hindsight_of:
+                keys.append("calibration_after")
+            live = {**live, **{key: _rebuilt(live[key], entry) for key in keys}}
         with tempfile.TemporaryDirectory(prefix="kvc-repredict-") as folder:
-            entry["twin"] = predict(live, block_size, Path(folder), seeds=seeds, reading=reading)
+            entry["twin"] = predict(
+                live,
+                block_size,
+                Path(folder),
+                seeds=seeds,
+                reading=reading,
+                hindsight_of=hindsight_of,
+            )
         by_index.setdefault(entry["index"], []).append(entry)
     speeds = speeds_by_config(runs)
     configs = [
@@ -737,6 +763,7 @@ def repredict(
         "twin_seeds": seeds,
         "repredicted_from": str(kept),
         "hindsight": hindsight,
+        "hindsight_of": list(hindsight_of),
         "as_whatif": as_whatif,
         "rebuilt_profile": rebuild_profile,
     }

@@ -534,6 +534,14 @@ def repredict_command(
         "twin's own error apart from the host's drift between warm-up and window (it has "
         "seen the window, so it is no prediction).",
     ),
+    hindsight_of: str = typer.Option(
+        "",
+        "--hindsight-of",
+        metavar="PARTS",
+        help="Read only these parts of each run's live profile as of the window's end, the "
+        "rest as of the warm-up's (comma-separated: prefill, decode, host, serving, link; "
+        "e.g. decode): which of the warm-up's measurements a prediction's error comes from.",
+    ),
     as_whatif: bool = typer.Option(
         False,
         "--whatif",
@@ -567,6 +575,7 @@ def repredict_command(
             kept,
             seeds=seeds,
             hindsight=hindsight,
+            hindsight_of=_items(hindsight_of),
             as_whatif=as_whatif,
             rebuild_profile=rebuild_profile,
             out=out,

@@ -193,6 +193,67 @@ def profile_of_inputs(inputs: Mapping[str, Any], *, name: str = "live") -> dict[
     return live_profile(calibrator, agents, name=name, links=links)
 
 
+@dataclass(frozen=True, slots=True)
+class ProfilePart:
+    """Where one part of a live profile lies: its top-level keys, its keys in `host` and in
+    `spread` (a key ending in "_" names every spread key it begins)."""
+
+    keys: tuple[str, ...] = ()
+    host: tuple[str, ...] = ()
+    spread: tuple[str, ...] = ()
+
+    def holds_spread(self, key: str) -> bool:
+        return any(key.startswith(n) if n.endswith("_") else key == n for n in self.spread)
+
+
+# The parts `with_parts` can take from another profile (`kvcentric twin repredict
+# --hindsight-of`): the prefills' and decode steps' times with their shares of the host and
+# their spread, the rest of the host (`host.other`, the agents' cores overall), the serving
+# path's delays, the link.
+PROFILE_PARTS: dict[str, ProfilePart] = {
+    "prefill": ProfilePart(("prefill_points",), ("prefill_cores",), ("prefill_", "handover_s")),
+    "decode": ProfilePart(("decode_points",), ("decode_cores", "decode_length"), ("decode_",)),
+    "host": ProfilePart(host=("other", "cores", "mean_busy_agents")),
+    "serving": ProfilePart(("serving",), spread=("dispatch_s", "first_token_s", "answer_s")),
+    "link": ProfilePart(("link",)),
+}
+
+
+def with_parts(
+    profile: Mapping[str, Any], source: Mapping[str, Any], parts: Sequence[str]
+) -> dict[str, Any]:
+    """`profile` with the named `parts` (PROFILE_PARTS) as `source` has them, a key `source`
+    lacks left out: a prediction from the warm-up's profile given, say, the window's decode
+    measurements alone says how much of its error those measurements carry. ValueError
+    naming an unknown part."""
+    unknown = [name for name in parts if name not in PROFILE_PARTS]
+    if unknown:
+        raise ValueError(
+            f"unknown profile part {unknown[0]!r}; the parts are {', '.join(PROFILE_PARTS)}"
+        )
+    merged = {**profile, "host": dict(profile.get("host", {})), "spread": {}}
+    spread = dict(profile.get("spread", {}))
+    for part in (PROFILE_PARTS[name] for name in parts):
+        for key in part.keys:
+            _take(merged, source, key)
+        for key in part.host:
+            _take(merged["host"], source.get("host", {}), key)
+        spread = {k: v for k, v in spread.items() if not part.holds_spread(k)}
+        spread.update((k, v) for k, v in source.get("spread", {}).items() if part.holds_spread(k))
+    merged["spread"] = spread
+    for key in ("host", "spread"):
+        if not merged[key] and key not in profile:
+            del merged[key]
+    return merged
+
+
+def _take(into: dict[str, Any], source: Mapping[str, Any], key: str) -> None:
+    if key in source:
+        into[key] = source[key]
+    else:
+        into.pop(key, None)
+
+
 def _measured_link(
     believed: CostModel, prefill: Sequence[PrefillSample], links: Sequence[Mapping[str, Any]]
 ) -> tuple[LinkModel, str]:

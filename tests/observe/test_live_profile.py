@@ -7,7 +7,12 @@ import json
 import numpy as np
 import pytest
 
-from backend.observe.live_profile import live_profile, profile_inputs, profile_of_inputs
+from backend.observe.live_profile import (
+    live_profile,
+    profile_inputs,
+    profile_of_inputs,
+    with_parts,
+)
 from backend.policy.calibration import Calibrator, DecodeStepSample, PrefillSample
 from backend.policy.cost_model import CostModel, DecodeFit, LinkModel, PrefillFit, fit_decode
 from backend.rpc.reports import Join
@@ -134,3 +139,38 @@ def test_a_profile_is_built_again_from_its_kept_inputs() -> None:
     assert profile_of_inputs(inputs) == live_profile(window, AGENTS, links=links)
     with pytest.raises(ValueError, match="inputs are malformed"):
         profile_of_inputs({**inputs, "agents": [{"role": "prefill"}]})
+
+
+def test_a_profile_takes_the_named_parts_of_another_and_keeps_the_rest() -> None:
+    """`twin repredict --hindsight-of decode`: the window's decode measurements in the
+    warm-up's profile, nothing else of the window's."""
+    warmup = {
+        "name": "live",
+        "prefill_points": [1],
+        "decode_points": [2],
+        "link": {"latency_s": 0.01},
+        "host": {"prefill_cores": 1.3, "decode_cores": 2.3, "decode_length": {"exponent": 0.05}},
+        "spread": {"prefill_rate_3": [0.5], "decode_rate_3": [0.9], "decode_pause_2": [1e-4]},
+    }
+    window = {
+        "name": "live",
+        "prefill_points": [10],
+        "decode_points": [20],
+        "link": {"latency_s": 0.02},
+        "host": {"prefill_cores": 1.4, "decode_cores": 2.0},  # no decode_length measured
+        "spread": {"prefill_rate_3": [0.6], "decode_rate_2": [0.8], "decode_rate_3": [0.7]},
+    }
+    merged = with_parts(warmup, window, ["decode"])
+    assert merged["decode_points"] == [20] and merged["prefill_points"] == [1]
+    assert merged["host"] == {"prefill_cores": 1.3, "decode_cores": 2.0}  # the window's lack too
+    assert merged["spread"] == {
+        "prefill_rate_3": [0.5],
+        "decode_rate_2": [0.8],
+        "decode_rate_3": [0.7],
+    }
+    assert merged["link"] == {"latency_s": 0.01}
+    assert warmup["host"]["decode_cores"] == 2.3  # neither profile is changed
+    assert with_parts(warmup, window, ["decode", "prefill", "link"])["link"] == window["link"]
+    assert with_parts(warmup, window, []) == warmup
+    with pytest.raises(ValueError, match="unknown profile part 'decoder'; the parts are prefill"):
+        with_parts(warmup, window, ["decoder"])

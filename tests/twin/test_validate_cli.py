@@ -288,6 +288,18 @@ def test_a_short_window_live_and_in_the_twin(tmp_path) -> None:
     )  # fmt: skip
     assert whatif.returncode == 0, whatif.stderr[-3000:]
     assert json.loads(whatif.stdout)["settings"]["as_whatif"] is True
+    decode_seen = subprocess.run(  # the window's decode measurements alone, with hindsight
+        [KVCENTRIC, "twin", "repredict", str(out), "--twin-seeds", "1", "--hindsight-of",
+         "decode", "--json"],
+        capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert decode_seen.returncode == 0, decode_seen.stderr[-3000:]
+    assert json.loads(decode_seen.stdout)["settings"]["hindsight_of"] == ["decode"]
+    unknown = subprocess.run(
+        [KVCENTRIC, "twin", "repredict", str(out), "--hindsight-of", "decode,decoder"],
+        capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert unknown.returncode == 2 and "unknown profile part 'decoder'" in unknown.stderr
     both = subprocess.run(
         [KVCENTRIC, "twin", "repredict", str(out), "--whatif", "--hindsight"],
         capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
