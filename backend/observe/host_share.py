@@ -388,22 +388,15 @@ def rates_by_busy(
 MIN_LENGTH_STEPS = 50
 MIN_LENGTH_RATIO = 2.0  # the longest steps' CPU over the shortest's (p90 over p10)
 MAX_LENGTH_EXPONENT = 1.0
-# The steps of one busy count in up to this many classes of equal numbers by their CPU
-# seconds, each of at least MIN_STEPS_PER_LENGTH_CLASS (`decode_length_share`).
-DECODE_LENGTH_CLASSES = 6
-MIN_STEPS_PER_LENGTH_CLASS = 20
 
 
 def decode_length_share(
     busy_agents: np.ndarray, seconds: np.ndarray, cpu_s: np.ndarray, num_agents: int
 ) -> DecodeLength | None:
     """How a decode step's share of a core falls with its length: log(share) = c_n -
-    exponent * log(CPU seconds), fitted through length classes: at each busy count n (a
-    step's interval's mean count, rounded) the steps in up to DECODE_LENGTH_CLASSES classes
-    of equal numbers by CPU seconds, each class's share its CPU seconds over its wall
-    seconds in all, at its mean CPU seconds; least squares weighted by the classes' steps,
-    an intercept of each count's own. None with too few steps or lengths too alike to
-    tell; the exponent between 0 and MAX_LENGTH_EXPONENT.
+    exponent * log(CPU seconds), a least-squares fit through every step with an intercept
+    of its own at each busy count n (its interval's mean count, rounded). None with too
+    few steps or lengths too alike to tell; the exponent between 0 and MAX_LENGTH_EXPONENT.
 
     The scheduler runs a waking decode loop at once, so a short step often ends before it
     is preempted, while a long one shares the cores with the prefills beside it. On a 2-CPU
@@ -411,48 +404,24 @@ def decode_length_share(
     core, 12-20 ms 0.61-0.67 and 20-30 ms 0.58-0.65; the window's long steps are the large
     batches a crowded decode builds, and a twin drawing every step's share from one spread,
     which the many short steps fill, ran them a third too fast: TBT p50 half of live's at
-    speed 10.
-
-    Classes' totals, not each step's share: the twin's decode adds up wall times, so the
-    slope it needs is that of the wall time a length's steps take in all, where a fit
-    through every step's log share is pulled by the many short ones a preemption now and
-    then leaves at a fraction of a core. From a 6-second warm-up (2-CPU host, speed 10,
-    2P:1D, 21 runs) that fit's exponent spread 0.04-0.19 and put the window's long steps
-    (12 ms of CPU or more, three busy agents) 6.3 % faster than they ran on average (8.5 %
-    RMS), and the twin's TBT p50 followed it (-24 % in two configurations' medians); fitted
-    through the classes, 1.3 % (5.3 % RMS). Reference: the steps' median CPU seconds."""
+    speed 10. Reference: the steps' median CPU seconds."""
     valid = (seconds > 0) & (cpu_s > 0)
     if int(valid.sum()) < MIN_LENGTH_STEPS:
         return None
-    cpu, wall = cpu_s[valid], seconds[valid]
+    cpu = cpu_s[valid]
     if np.quantile(cpu, 0.9) < MIN_LENGTH_RATIO * np.quantile(cpu, 0.1):
         return None
     counts = np.clip(np.round(busy_agents[valid]), 1, num_agents)
-    x: list[float] = []
-    y: list[float] = []
-    weights: list[float] = []
-    for count in np.unique(counts):
+    x = np.log(cpu)
+    y = np.log(np.minimum(1.0, cpu / seconds[valid]))
+    for count in np.unique(counts):  # an intercept of each count's own
         at = counts == count
-        num_classes = min(DECODE_LENGTH_CLASSES, int(at.sum()) // MIN_STEPS_PER_LENGTH_CLASS)
-        if num_classes < 2:
-            continue
-        order = np.argsort(cpu[at])
-        classes = np.array_split(order, num_classes)
-        class_x = np.array([np.log(np.mean(cpu[at][c])) for c in classes])
-        class_y = np.array(
-            [np.log(min(1.0, np.sum(cpu[at][c]) / np.sum(wall[at][c]))) for c in classes]
-        )
-        sizes = np.array([len(c) for c in classes], dtype=float)
-        x.extend(class_x - np.average(class_x, weights=sizes))  # an intercept of its own
-        y.extend(class_y - np.average(class_y, weights=sizes))
-        weights.extend(sizes)
-    if not x:
-        return None
-    xs, ys, ws = np.array(x), np.array(y), np.array(weights)
-    spread = float(np.sum(ws * xs * xs))
+        x[at] -= x[at].mean()
+        y[at] -= y[at].mean()
+    spread = float(np.sum(x * x))
     if not spread > 0:
         return None
-    exponent = float(np.clip(-np.sum(ws * xs * ys) / spread, 0.0, MAX_LENGTH_EXPONENT))
+    exponent = float(np.clip(-np.sum(x * y) / spread, 0.0, MAX_LENGTH_EXPONENT))
     return DecodeLength(reference_s=float(np.median(cpu)), exponent=round(exponent, 4))
 
 

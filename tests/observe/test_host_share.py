@@ -269,21 +269,6 @@ def test_a_decode_steps_share_falls_with_its_length_and_the_twin_scales_it_back(
     assert decode_length_share(counts, alike / share, alike, num_agents=3) is None
 
 
-def test_the_length_slope_follows_the_wall_time_a_lengths_steps_take_in_all() -> None:
-    # Short steps now and then preempted (one in ten takes 3x its wall, the rest 7/9), long
-    # ones not: in all every length's steps take the wall time a share of 0.5 * (CPU / 5
-    # ms) ** -0.15 gives, which is what the twin's decode adds up. Each step's log share,
-    # skewed among the short ones, puts the slope at 0.19 here.
-    rng = np.random.default_rng(2)
-    cpu = np.exp(rng.uniform(np.log(0.002), np.log(0.04), 1200))
-    wall = cpu / (0.5 * (cpu / 0.005) ** -0.15)
-    stalled = rng.random(1200) < 0.1
-    wall = np.where(cpu < 0.006, wall * np.where(stalled, 3.0, 7 / 9), wall)
-    length = decode_length_share(np.full(1200, 3.0), wall, cpu, num_agents=3)
-    assert length is not None
-    assert length.exponent == pytest.approx(0.15, abs=0.03)
-
-
 def _twin_wall_s(rates: dict[int, tuple[float, ...]], weights, time_at, cpu_s) -> float:
     """The prefills' wall time in all if each drew its luck as the twin does (one place
     between the profile's work-weighted quantiles, the same at every count) independently
