@@ -358,8 +358,19 @@ def test_a_stopped_validate_stops_the_stack_it_runs(signum) -> None:
         rest = process.stderr.read()
         assert process.wait(timeout=60) == 130, rest
         assert "interrupted; the stack it was running is stopped" in rest, rest
-        assert not any(alive(pid) for pid in children), children
+        left = {pid: _described(pid) for pid in children if alive(pid)}
+        assert not left, (left, rest)  # which were left, in what state, and what it said
     finally:
         if process.poll() is None:  # a failed assertion: stop it as a user would
             process.terminate()
             process.wait(timeout=60)
+
+
+def _described(pid: int) -> str:
+    """A process's state and command line from /proc, for a failure message."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[:2]
+        command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError as error:
+        return f"gone ({error})"
+    return f"state {state[0]}, parent {state[1]}: {command[:200]}"
