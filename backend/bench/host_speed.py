@@ -65,6 +65,18 @@ def host_speeds(
     return speeds
 
 
+def relative_speeds(runs: Sequence[Sequence[Mapping[str, Any]]]) -> list[float | None]:
+    """Each run's speed (as `host_speeds`, against one yardstick fitted over every run's
+    prefills) from its prefills alone; None for a run with fewer than MIN_PREFILLS
+    clocked prefills, every run None when the set has too few for the fit."""
+    measured = [[_point(s) for s in samples if s.get("cpu_s")] for samples in runs]
+    points = [point for run in measured for point in run]
+    if len(points) < MIN_PREFILLS:
+        return [None] * len(runs)
+    fit = fit_prefill([(i, c, t) for i, c, t, _ in points], robust=True)
+    return [_speed(fit, run) if len(run) >= MIN_PREFILLS else None for run in measured]
+
+
 def summary(speeds: Sequence[dict[str, float] | None]) -> dict[str, Any] | None:
     """One config's runs: the medians of their warm-up and window speeds and drifts, and
     every run's (None where a run had none)."""

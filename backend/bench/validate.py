@@ -27,7 +27,14 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from backend.bench import host_speed
-from backend.cli.children import KVCENTRIC, WARMUP_TOKENS, Child, get_json, start_local_stack
+from backend.cli.children import (
+    KVCENTRIC,
+    WARMUP_TOKENS,
+    Child,
+    get_json,
+    spawn_into,
+    start_local_stack,
+)
 from backend.observe.live_profile import with_parts
 from backend.observe.measures import FIDELITY_METRICS, relative_error
 from backend.policy.config import PolicyConfig, json_safe, policy_from_json
@@ -87,6 +94,10 @@ class ValidateSettings:
     # (twin/spread.py): one seed's TTFT p50 moves by about 5 % from the next, so the
     # prediction is each metric's median over the seeds.
     twin_seeds: int = 21  # under overload a median of 5 moved 10-23 % (docs/fidelity.md)
+    # Each run predicted from its warm-up and those of its config's earlier runs
+    # (`warmups_profile`): a short warm-up's measurements of the host move more from run
+    # to run than live does.
+    pool_warmups: bool = False
 
     def __post_init__(self) -> None:
         if self.repeats < 1:
@@ -235,7 +246,25 @@ def _replay(
     out: Path,
     children: list[Child],
 ) -> None:
-    replay = Child(
+    running: list[Child] = []  # the replay, once it runs
+    try:
+        replay = spawn_into(running, lambda: _replay_child(settings, minutes, base_url, env, out))
+        while replay.process.poll() is None:
+            for child in children:
+                child.check_alive()
+            time.sleep(0.5)
+    finally:  # a failed or interrupted validate stops its replay too
+        for child in running:
+            child.terminate()
+            child.wait()
+    if replay.process.returncode != 0:
+        raise RuntimeError(f"the replay of minutes {minutes} failed; see {replay.log}")
+
+
+def _replay_child(
+    settings: ValidateSettings, minutes: str, base_url: str, env: dict[str, str], out: Path
+) -> Child:
+    return Child(
         "replay",
         [
             KVCENTRIC,
@@ -257,16 +286,6 @@ def _replay(
         out.with_suffix(".log"),
         stdout_pipe=False,
     )
-    try:
-        while replay.process.poll() is None:
-            for child in children:
-                child.check_alive()
-            time.sleep(0.5)
-    finally:  # a failed or interrupted validate stops its replay too
-        replay.terminate()
-        replay.wait()
-    if replay.process.returncode != 0:
-        raise RuntimeError(f"the replay of minutes {minutes} failed; see {replay.log}")
 
 
 def _get(base_url: str, path: str, api_key: str) -> Any:
@@ -300,12 +319,14 @@ def predict(
     seeds: int = 1,
     reading: Reading = "prediction",
     hindsight_of: Sequence[str] = (),
+    warmup_profile: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The twin's report of the measured window, after replaying the warm-up (its requests
     are not reported), on the live profile of the end of warm-up (of the window's end when
     `reading` is not "prediction"; a prediction's `hindsight_of` parts of the profile, as
     `with_parts` names them, too); with `seeds` > 1, the median report of that many seeds
-    (`median_report`)."""
+    (`median_report`). `warmup_profile`: a prediction's profile instead of the warm-up's
+    own (`warmups_profile`)."""
     from twin.config import TwinConfig
     from twin.run import simulate
 
@@ -315,6 +336,8 @@ def predict(
     profile_path = work_dir / "live-profile.json"
     profiled = live["calibration"] if reading == "prediction" else live["calibration_after"]
     profile = profiled["profile"]
+    if warmup_profile is not None and reading == "prediction":
+        profile = warmup_profile
     if hindsight_of and reading == "prediction":
         profile = with_parts(profile, live["calibration_after"]["profile"], hindsight_of)
     profile_path.write_text(json.dumps(profile))
@@ -649,7 +672,14 @@ def validate(
             work_dir = Path(folder) / f"config-{index}" / f"run-{run}"
             live = run_live(settings, change, work_dir, status)
             status("predicting the window with the twin")
-            twin = predict(live, settings.block_size, work_dir, seeds=settings.twin_seeds)
+            earlier = [e["live"] for e in raw if e["index"] == index]
+            twin = predict(
+                live,
+                settings.block_size,
+                work_dir,
+                seeds=settings.twin_seeds,
+                warmup_profile=warmups_profile(live, earlier) if settings.pool_warmups else None,
+            )
             if not live["report"].get("num_completed"):
                 raise ValueError(
                     f"change {json.dumps(change)}: no request completed in the measured "
@@ -684,6 +714,7 @@ def repredict(
     hindsight_of: Sequence[str] = (),
     as_whatif: bool = False,
     rebuild_profile: bool = False,
+    pool_warmups: bool = False,
     out: Path | None = None,
     on_status: OnStatus | None = None,
 ) -> dict[str, Any]:
@@ -709,7 +740,11 @@ def repredict(
 
     `rebuild_profile`: build each live profile again from the measurements the run kept
     (`profile_inputs`) with this code, instead of reading the profile live built: what a
-    change to how profiles are built does (`settings.rebuilt_profile`)."""
+    change to how profiles are built does (`settings.rebuilt_profile`).
+
+    `pool_warmups`: each run's profile built from its warm-up and those of its
+    configuration's earlier runs (`warmups_profile`), as `validate --pool-warmups`
+    predicts (`settings.pool_warmups`)."""
     if seeds < 1:
         raise ValueError(f"--twin-seeds must be at least 1, got {seeds}")
     if hindsight and as_whatif:
@@ -727,6 +762,8 @@ def repredict(
         )
     settings_json, runs = _kept_runs(kept)
     block_size = int(settings_json["block_size"])
+    if pool_warmups and (hindsight or as_whatif):
+        raise ValueError("--pool-warmups pools warm-ups for a prediction: not with hindsight")
     by_index: dict[int, list[Mapping[str, Any]]] = {}
     for number, entry in enumerate(runs):
         if on_status is not None:
@@ -738,6 +775,7 @@ def repredict(
             if reading != "prediction" or hindsight_of:
                 keys.append("calibration_after")
             live = {**live, **{key: _rebuilt(live[key], entry) for key in keys}}
+        pooled = warmups_profile(live, _earlier(runs, entry)) if pool_warmups else None
         with tempfile.TemporaryDirectory(prefix="kvc-repredict-") as folder:
             entry["twin"] = predict(
                 live,
@@ -746,6 +784,7 @@ def repredict(
                 seeds=seeds,
                 reading=reading,
                 hindsight_of=hindsight_of,
+                warmup_profile=pooled,
             )
         by_index.setdefault(entry["index"], []).append(entry)
     speeds = speeds_by_config(runs)
@@ -766,11 +805,41 @@ def repredict(
         "hindsight_of": list(hindsight_of),
         "as_whatif": as_whatif,
         "rebuilt_profile": rebuild_profile,
+        "pool_warmups": pool_warmups,
     }
     result = _result(settings_json, configs)
     if out is not None:
         write_outputs(result, runs, out)
     return result
+
+
+def _earlier(runs: Sequence[Mapping[str, Any]], entry: Mapping[str, Any]) -> list[Any]:
+    """The live runs of `entry`'s configuration that ran before it (kept runs: `_kept_runs`)."""
+    return [e["live"] for e in runs if e["index"] == entry["index"] and e["run"] < entry["run"]]
+
+
+def warmups_profile(
+    live: Mapping[str, Any], earlier: Sequence[Mapping[str, Any]]
+) -> dict[str, Any] | None:
+    """The profile of a live run's warm-up (as `run_live` returns the run) pooled with the
+    warm-ups of the `earlier` runs of its configuration (`live_profile.pooled_inputs`): all
+    a Conductor of that configuration could have measured by the end of this warm-up had
+    it kept its calibration across the runs, less their windows (the same stretch of the
+    trace as the one predicted). It keeps its own Conductor's beliefs and rest of the host.
+    None without an earlier run, or for runs kept before their calibration's inputs were."""
+    from backend.observe.live_profile import pooled_inputs, profile_of_inputs
+
+    mine = live["calibration"].get("profile_inputs")
+    theirs = [i for e in earlier if (i := e["calibration"].get("profile_inputs")) is not None]
+    if mine is None or not theirs:
+        return None
+    speeds = host_speed.relative_speeds([i["window"].get("prefill", []) for i in [mine, *theirs]])
+    own_speed = speeds[0]
+    slower = [
+        own_speed / speed if own_speed is not None and speed is not None else 1.0
+        for speed in speeds[1:]
+    ]
+    return profile_of_inputs(pooled_inputs(mine, theirs, slower))
 
 
 def _rebuilt(calibration: Mapping[str, Any], entry: Mapping[str, Any]) -> dict[str, Any]:

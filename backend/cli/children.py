@@ -82,6 +82,16 @@ def signals_held():
         raise KeyboardInterrupt
 
 
+def spawn_into(children: list["Child"], make: Callable[[], "Child"]) -> "Child":
+    """`make()` a child and add it to `children`, a SIGINT or SIGTERM held until it is
+    there: one landing inside the spawn, after the fork, would otherwise leave a running
+    child that no `finally` stopping `children` knows of."""
+    with signals_held():
+        child = make()
+        children.append(child)
+    return child
+
+
 # The CPU priority of agents sharing a machine with the Conductor: they yield a core to it
 # when both want one, so a 429 or /healthz answer does not wait behind torch compute (with
 # 200 clients on 2 shared cores: 429 p99 ~20 ms at 10, 190-370 ms at 0; docs/benchmarks.md).
@@ -478,16 +488,20 @@ def start_local_stack(
         ]  # fmt: skip
         if hosts:
             conductor_args = hosts[0].command(conductor_args)
-        stack.children.append(
-            Child("conductor", conductor_args, full_env, logs / "conductor.log", stdout_pipe=False)
+        spawn_into(
+            stack.children,
+            lambda: Child(
+                "conductor", conductor_args, full_env, logs / "conductor.log", stdout_pipe=False
+            ),
         )
         wait_for(
             "the conductor's /healthz", lambda: get_json(f"{base_url}/healthz"), stack.children
         )
         roles = agent_names(num_prefill, num_decode)
         for index, (role, name) in enumerate(roles):
-            stack.children.append(
-                agent_child(
+            spawn_into(
+                stack.children,
+                lambda role=role, name=name, index=index: agent_child(
                     role,
                     name,
                     block_size=block_size,
@@ -497,7 +511,7 @@ def start_local_stack(
                     torch_threads=shared_host_threads(len(roles)),
                     host=agent_hosts[index % len(agent_hosts)] if agent_hosts else None,
                     warmup_tokens=warmup_tokens,
-                )
+                ),
             )
 
         def joined() -> bool:

@@ -390,6 +390,15 @@ def validate_command(
         "each metric's prediction is their median (under overload one seed's rejection "
         "count moves 17-41 %, the median of 21 about 5-11 %).",
     ),
+    pool_warmups: bool = typer.Option(
+        False,
+        "--pool-warmups",
+        help="With --repeats N > 1, predict each run from its own warm-up and those of its "
+        "config's earlier runs, as a Conductor keeping its calibration across the runs "
+        "would have measured them, less their windows (each run keeps its own Conductor's "
+        "beliefs and rest of the host): a short warm-up measures how the agents share the "
+        "host from a few hundred steps.",
+    ),
     out: Path | None = typer.Option(
         None, "--out", help="Folder for result.json, the raw reports and validate.html."
     ),
@@ -426,6 +435,7 @@ def validate_command(
             tbt_slo_s=tbt_slo_s,
             repeats=_integer("--repeats", repeats),
             twin_seeds=_integer("--twin-seeds", twin_seeds),
+            pool_warmups=pool_warmups,
         )
     stop_on_signals()  # Ctrl-C or SIGTERM stop the stack it is running too
     try:
@@ -557,6 +567,13 @@ def repredict_command(
         "the run kept, instead of reading the profile live built: what a change to how "
         "profiles are built does (runs kept before the measurements were kept cannot).",
     ),
+    pool_warmups: bool = typer.Option(
+        False,
+        "--pool-warmups",
+        help="Build each run's profile from its warm-up and those of its configuration's "
+        "earlier kept runs, as validate --pool-warmups does (still a prediction: no window "
+        "is read).",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the result as one JSON object."),
 ) -> None:
     """Predict the live runs a validate kept again, with this twin and no live run.
@@ -578,6 +595,7 @@ def repredict_command(
             hindsight_of=_items(hindsight_of),
             as_whatif=as_whatif,
             rebuild_profile=rebuild_profile,
+            pool_warmups=pool_warmups,
             out=out,
             on_status=on_status,
         ),

@@ -193,6 +193,94 @@ def profile_of_inputs(inputs: Mapping[str, Any], *, name: str = "live") -> dict[
     return live_profile(calibrator, agents, name=name, links=links)
 
 
+# Between one run's samples and the next run's, when several warm-ups are pooled: longer
+# than any computation, so no interval of one run overlaps another's.
+POOL_GAP_S = 600.0
+
+
+def pooled_inputs(
+    own: Mapping[str, Any],
+    others: Sequence[Mapping[str, Any]],
+    slower: Sequence[float] = (),
+) -> dict[str, Any]:
+    """`own`'s profile inputs with the prefills, decode steps and serving delays of
+    `others` (inputs of the same configuration's other runs, measured over the same stretch
+    of the trace) added to its window, each run's moved in time to after the one before so
+    that no run's computations overlap another's: the host's sharing is then measured
+    within each run, over all of them. Everything else is `own`'s: the Conductor's beliefs,
+    the starting model, the agents, the links, and the host's CPU counters, so the rest of
+    the host (`host.other`) is still the one `own`'s run measured.
+
+    A short warm-up measures a decode step's share of a core, and how it falls with the
+    step's length, from a few hundred steps (at speed 10, 6 seconds): run to run that slope
+    spread 0.04-0.19 on one machine, and the twin's TBT followed it. Several runs' warm-ups
+    of one configuration measure the same thing as one longer warm-up would.
+
+    `slower[i]`: how much slower `own`'s host ran than `others[i]`'s (their speeds'
+    ratio, `host_speed.relative_speeds`): that run's computations are stretched by it,
+    their clocks and spans alike, so the pool keeps the shares and shapes of every run at
+    `own`'s speed (the host's speed moved by up to 30 % between runs minutes apart)."""
+    window = dict(own["window"])
+    kinds = ("prefill", "decode", "serving")
+    pooled = {kind: list(window.get(kind, [])) for kind in kinds}
+    end_s = _last_time_s(pooled)
+    for number, other in enumerate(others):
+        theirs = {kind: list(other["window"].get(kind, [])) for kind in kinds}
+        start_s = _first_time_s(theirs)
+        if start_s is None:
+            continue
+        if number < len(slower) and slower[number] != 1.0:
+            theirs = _stretched(theirs, start_s, slower[number])
+        shift_s = (end_s if end_s is not None else start_s) + POOL_GAP_S - start_s
+        for kind in kinds:
+            pooled[kind] += [{**s, "time_s": s["time_s"] + shift_s} for s in theirs[kind]]
+        end_s = _last_time_s(pooled)
+    window.update(pooled)
+    # The counters `host_other` reads for `own` alone: those within its prefills' span.
+    prefills = own["window"].get("prefill", [])
+    if prefills:
+        first_s = min(s["time_s"] - max(float(s["seconds"]), 0.0) for s in prefills)
+        last_s = max(s["time_s"] for s in prefills)
+        window["host_cpu"] = [
+            s for s in window.get("host_cpu", []) if first_s <= s["time_s"] <= last_s
+        ]
+    config = dict(own["config"])
+    config["max_samples"] = max(int(config.get("max_samples", 0)), *map(len, pooled.values()))
+    return {**own, "config": config, "window": window}
+
+
+def _stretched(
+    samples: Mapping[str, list[dict[str, Any]]], start_s: float, factor: float
+) -> dict[str, list[dict[str, Any]]]:
+    """`samples` on a clock running `factor` times slower from `start_s`, the prefills' and
+    decode steps' wall and CPU times `factor` times longer."""
+
+    def at(sample: Mapping[str, Any]) -> dict[str, Any]:
+        stretched = {**sample, "time_s": start_s + (sample["time_s"] - start_s) * factor}
+        for key in ("seconds", "cpu_s"):
+            if stretched.get(key) is not None:
+                stretched[key] = stretched[key] * factor
+        return stretched
+
+    return {
+        kind: [
+            at(s) if kind != "serving" else {**s, "time_s": at(s)["time_s"]} for s in kind_samples
+        ]
+        for kind, kind_samples in samples.items()
+    }
+
+
+def _first_time_s(samples: Mapping[str, Sequence[Mapping[str, Any]]]) -> float | None:
+    return min(
+        (s["time_s"] - max(float(s.get("seconds", 0.0)), 0.0) for k in samples.values() for s in k),
+        default=None,
+    )
+
+
+def _last_time_s(samples: Mapping[str, Sequence[Mapping[str, Any]]]) -> float | None:
+    return max((s["time_s"] for kind in samples.values() for s in kind), default=None)
+
+
 @dataclass(frozen=True, slots=True)
 class ProfilePart:
     """Where one part of a live profile lies: its top-level keys, its keys in `host` and in

@@ -3,7 +3,13 @@
 import numpy as np
 import pytest
 
-from backend.bench.host_speed import MIN_PREFILLS, host_speeds, prefill_samples, summary
+from backend.bench.host_speed import (
+    MIN_PREFILLS,
+    host_speeds,
+    prefill_samples,
+    relative_speeds,
+    summary,
+)
 
 
 def _prefills(rng, count, start_s, slowness, *, with_cpu=True):
@@ -62,3 +68,13 @@ def test_prefill_samples_reads_the_calibration_as_of_the_windows_end():
     assert prefill_samples(live) == [sample]
     assert prefill_samples({"calibration_after": {}}) == []
     assert prefill_samples({}) == []
+
+
+def test_warmups_pooled_at_one_speed_read_each_runs_speed_against_one_yardstick():
+    """What `validate --pool-warmups` scales the earlier warm-ups by."""
+    rng = np.random.default_rng(2)
+    runs = [_prefills(rng, 60, 0.0, 1.0), _prefills(rng, 60, 0.0, 1.25), _prefills(rng, 5, 0.0, 1)]
+    speeds = relative_speeds(runs)
+    assert speeds[1] / speeds[0] == pytest.approx(1.25, abs=0.03)
+    assert speeds[2] is None  # too few prefills for a speed of its own
+    assert relative_speeds([runs[2]]) == [None]

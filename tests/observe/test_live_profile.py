@@ -9,11 +9,17 @@ import pytest
 
 from backend.observe.live_profile import (
     live_profile,
+    pooled_inputs,
     profile_inputs,
     profile_of_inputs,
     with_parts,
 )
-from backend.policy.calibration import Calibrator, DecodeStepSample, PrefillSample
+from backend.policy.calibration import (
+    Calibrator,
+    DecodeStepSample,
+    HostCpuSample,
+    PrefillSample,
+)
 from backend.policy.cost_model import CostModel, DecodeFit, LinkModel, PrefillFit, fit_decode
 from backend.rpc.reports import Join
 
@@ -174,3 +180,82 @@ def test_a_profile_takes_the_named_parts_of_another_and_keeps_the_rest() -> None
     assert with_parts(warmup, window, []) == warmup
     with pytest.raises(ValueError, match="unknown profile part 'decoder'; the parts are prefill"):
         with_parts(warmup, window, ["decoder"])
+
+
+def _shared_host_window(seed: int) -> Calibrator:
+    """A prefill and a decode agent on one host, each computation with its CPU time, the
+    host's counters read each second: what one run's warm-up holds."""
+    rng = np.random.default_rng(seed)
+    calibrator = Calibrator(BASE)
+    now_s = busy_s = 0.0
+    for n in range(60):
+        solo_s = 0.02 + 0.01 * rng.random()
+        calibrator.add_prefill(
+            [PrefillSample(now_s + solo_s * 1.6, 200 + 20 * n, 0, solo_s * 1.6, cpu_s=solo_s)]
+        )
+        for k in range(4):  # decode steps beside it, slowed as much
+            step_end_s = now_s + 0.01 * (k + 1)
+            calibrator.add_decode(
+                [DecodeStepSample(step_end_s, 1 + k, 300 * (1 + k), 0.01, cpu_s=0.006 + 0.001 * k)]
+            )
+        now_s += 0.1
+        busy_s += 0.09
+        if n % 10 == 0:
+            calibrator.add_host_cpu([HostCpuSample(now_s, "h", 2, busy_s, 2 * now_s)])
+    # Read after the last prefill: not over the prefills' span (`host_other`).
+    calibrator.add_host_cpu([HostCpuSample(now_s + 5.0, "h", 2, busy_s + 1.0, 2 * now_s + 10)])
+    return calibrator
+
+
+SHARED = [
+    Join(0, "p0", "prefill", "127.0.0.1:1", "", "tcp", "tiny", 16, 10**6, 10**9, 0),
+    Join(0, "d0", "decode", "127.0.0.1:2", "", "tcp", "tiny", 16, 5 * 10**5, 10**9, 0),
+]
+
+
+def test_warmups_pooled_keep_each_run_apart_and_its_own_beliefs() -> None:
+    """`twin validate --pool-warmups`: the other runs' samples join the window moved to
+    after it (their computations overlap none of this run's, so the host's sharing is
+    measured within each run), this run's beliefs and host counters are its own, and a run
+    pooled with a copy of itself measures the host and the times as it did alone."""
+    own = json.loads(json.dumps(profile_inputs(_shared_host_window(0), SHARED)))
+    other = json.loads(json.dumps(profile_inputs(_shared_host_window(1), SHARED)))
+    pooled = pooled_inputs(own, [other])
+    window = pooled["window"]
+    assert len(window["prefill"]) == 120 and len(window["decode"]) == 480
+    own_end_s = max(s["time_s"] for s in own["window"]["decode"])
+    moved = window["decode"][240:]
+    assert min(s["time_s"] - s["seconds"] for s in moved) > own_end_s
+    assert window["host_cpu"] == own["window"]["host_cpu"][:-1]  # its own, over its prefills
+    assert pooled["window"]["cost"] == own["window"]["cost"]
+    assert own["window"]["decode"][0]["time_s"] < 1.0  # neither run's inputs changed
+    alone = profile_of_inputs(own)
+    doubled = profile_of_inputs(pooled_inputs(own, [own]))
+    for key in ("host", "decode_points", "prefill_points"):
+        assert _rounded(doubled[key]) == _rounded(alone[key]), key
+    # The spread's quantiles are of twice the samples (a busy count seen too rarely alone
+    # may now have its own), each the same at its middle.
+    assert set(alone["spread"]) <= set(doubled["spread"])
+    for key, quantiles in alone["spread"].items():
+        middle = len(quantiles) // 2
+        assert doubled["spread"][key][middle] == pytest.approx(quantiles[middle], rel=0.05), key
+    assert doubled["measured_from"]["num_decode_samples"] == 480
+    assert profile_of_inputs(pooled)["host"] != alone["host"]  # the other run counts
+    # Another run on a host 1.5 times faster than this one's: its times at this one's speed.
+    slowed = pooled_inputs(own, [other], [1.5])["window"]["decode"][240:]
+    for before, after in zip(moved, slowed, strict=True):
+        assert after["seconds"] == pytest.approx(1.5 * before["seconds"])
+        assert after["cpu_s"] == pytest.approx(1.5 * before["cpu_s"])
+    span = [s["time_s"] for s in moved]
+    assert slowed[-1]["time_s"] - slowed[0]["time_s"] == pytest.approx(1.5 * (span[-1] - span[0]))
+
+
+def _rounded(value, digits: int = 9):
+    """`value` with every float rounded (sums over duplicated samples differ in the last bits)."""
+    if isinstance(value, float):
+        return round(value, digits)
+    if isinstance(value, dict):
+        return {k: _rounded(v, digits) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_rounded(v, digits) for v in value]
+    return value

@@ -321,6 +321,41 @@ def test_a_short_window_live_and_in_the_twin(tmp_path) -> None:
     assert all(b["cost"]["prefill"] for b in kept["profile_inputs"]["window"]["beliefs"])
 
 
+def test_pooled_warmups_predict_from_this_and_the_earlier_runs_warmups(tmp_path) -> None:
+    """`--pool-warmups`: the first run has no earlier one and predicts from its own warm-up;
+    the second from both warm-ups; `repredict --pool-warmups` predicts the kept runs alike."""
+    out = tmp_path / "validate"
+    result = run(
+        "--warmup-minutes", "0:0.15", "--minutes", "0.15:0.3", "--speed", "2", "--repeats", "2",
+        "--pool-warmups", "--twin-seeds", "1", "--tbt-slo", "0.5", "--out", str(out), "--json",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    pooled = json.loads(result.stdout)
+    assert pooled["settings"]["pool_warmups"] is True
+
+    def repredict(*flags: str) -> dict:
+        again = subprocess.run(
+            [KVCENTRIC, "twin", "repredict", str(out), "--twin-seeds", "1", *flags, "--json"],
+            capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+        assert again.returncode == 0, again.stderr[-3000:]
+        return json.loads(again.stdout)["configs"][0]["metrics"]
+
+    def twin_runs(metrics: dict) -> list:
+        return [metrics[name]["twin_runs"] for name in ("ttft_p50_s", "num_rejected")]
+
+    assert twin_runs(repredict("--pool-warmups")) == twin_runs(pooled["configs"][0]["metrics"])
+    own = twin_runs(repredict())  # each run from its own warm-up alone
+    assert [runs[0] for runs in own] == [
+        runs[0] for runs in twin_runs(pooled["configs"][0]["metrics"])
+    ]
+    both = subprocess.run(
+        [KVCENTRIC, "twin", "repredict", str(out), "--pool-warmups", "--hindsight"],
+        capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert both.returncode == 2 and "not with hindsight" in both.stderr, both.stderr
+
+
 def test_repredict_names_a_folder_validate_did_not_write(tmp_path) -> None:
     result = subprocess.run(
         [KVCENTRIC, "twin", "repredict", str(tmp_path)],
