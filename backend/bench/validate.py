@@ -35,7 +35,7 @@ from backend.cli.children import (
     spawn_into,
     start_local_stack,
 )
-from backend.observe.live_profile import with_parts
+from backend.observe.live_profile import check_parts, with_parts
 from backend.observe.measures import FIDELITY_METRICS, relative_error
 from backend.policy.config import PolicyConfig, json_safe, policy_from_json
 from backend.traces.loader import TraceRow, iter_trace, load_trace, parse_minutes
@@ -96,8 +96,9 @@ class ValidateSettings:
     twin_seeds: int = 21  # under overload a median of 5 moved 10-23 % (docs/fidelity.md)
     # Each run predicted from its warm-up and those of its config's earlier runs
     # (`warmups_profile`): a short warm-up's measurements of the host move more from run
-    # to run than live does.
-    pool_warmups: bool = False
+    # to run than live does (at speed 10, three sets held 21, 21, 20 wave bounds so and
+    # 20, 21, 19 from each run's own warm-up; docs/fidelity.md).
+    pool_warmups: bool = True
 
     def __post_init__(self) -> None:
         if self.repeats < 1:
@@ -714,7 +715,7 @@ def repredict(
     hindsight_of: Sequence[str] = (),
     as_whatif: bool = False,
     rebuild_profile: bool = False,
-    pool_warmups: bool = False,
+    pool_warmups: bool | None = None,
     out: Path | None = None,
     on_status: OnStatus | None = None,
 ) -> dict[str, Any]:
@@ -743,8 +744,9 @@ def repredict(
     change to how profiles are built does (`settings.rebuilt_profile`).
 
     `pool_warmups`: each run's profile built from its warm-up and those of its
-    configuration's earlier runs (`warmups_profile`), as `validate --pool-warmups`
-    predicts (`settings.pool_warmups`)."""
+    configuration's earlier runs (`warmups_profile`), as validate predicts by default;
+    False: from its own warm-up alone; None: as the kept validate did (its own warm-up
+    for sets kept before warm-ups were pooled) (`settings.pool_warmups`)."""
     if seeds < 1:
         raise ValueError(f"--twin-seeds must be at least 1, got {seeds}")
     if hindsight and as_whatif:
@@ -754,7 +756,7 @@ def repredict(
         raise ValueError(
             f"--hindsight-of reads a prediction partly with hindsight: not with {flag}"
         )
-    with_parts({}, {}, hindsight_of)  # an unknown part is named before any run is read
+    check_parts(hindsight_of)  # an unknown part is named before any run is read
     reading: Reading = "hindsight" if hindsight else "whatif" if as_whatif else "prediction"
     if out is not None and out.resolve() == kept.resolve():
         raise ValueError(
@@ -762,8 +764,11 @@ def repredict(
         )
     settings_json, runs = _kept_runs(kept)
     block_size = int(settings_json["block_size"])
+    if pool_warmups is None:
+        pool_warmups = reading == "prediction" and bool(settings_json.get("pool_warmups"))
     if pool_warmups and (hindsight or as_whatif):
-        raise ValueError("--pool-warmups pools warm-ups for a prediction: not with hindsight")
+        flag = "--hindsight" if hindsight else "--whatif"
+        raise ValueError(f"--pool-warmups pools warm-ups for a prediction: not with {flag}")
     by_index: dict[int, list[Mapping[str, Any]]] = {}
     for number, entry in enumerate(runs):
         if on_status is not None:

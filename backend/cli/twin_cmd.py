@@ -391,13 +391,14 @@ def validate_command(
         "count moves 17-41 %, the median of 21 about 5-11 %).",
     ),
     pool_warmups: bool = typer.Option(
-        False,
-        "--pool-warmups",
+        True,
+        "--pool-warmups/--own-warmup",
         help="With --repeats N > 1, predict each run from its own warm-up and those of its "
         "config's earlier runs, as a Conductor keeping its calibration across the runs "
-        "would have measured them, less their windows (each run keeps its own Conductor's "
-        "beliefs and rest of the host): a short warm-up measures how the agents share the "
-        "host from a few hundred steps.",
+        "would have measured them, less their windows, the earlier runs' times stretched to "
+        "this run's host speed (each run keeps its own Conductor's beliefs and rest of the "
+        "host): a short warm-up measures how the agents share the host from a few hundred "
+        "steps. --own-warmup: each run from its own warm-up alone.",
     ),
     out: Path | None = typer.Option(
         None, "--out", help="Folder for result.json, the raw reports and validate.html."
@@ -567,12 +568,13 @@ def repredict_command(
         "the run kept, instead of reading the profile live built: what a change to how "
         "profiles are built does (runs kept before the measurements were kept cannot).",
     ),
-    pool_warmups: bool = typer.Option(
-        False,
-        "--pool-warmups",
+    pool_warmups: bool | None = typer.Option(
+        None,
+        "--pool-warmups/--own-warmup",
+        show_default=False,
         help="Build each run's profile from its warm-up and those of its configuration's "
-        "earlier kept runs, as validate --pool-warmups does (still a prediction: no window "
-        "is read).",
+        "earlier kept runs, as validate does by default (still a prediction: no window is "
+        "read), or from its own warm-up alone. Default: as the kept validate did.",
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the result as one JSON object."),
 ) -> None:

@@ -307,6 +307,15 @@ PROFILE_PARTS: dict[str, ProfilePart] = {
 }
 
 
+def check_parts(parts: Sequence[str]) -> None:
+    """ValueError naming the first of `parts` that PROFILE_PARTS does not know."""
+    unknown = [name for name in parts if name not in PROFILE_PARTS]
+    if unknown:
+        raise ValueError(
+            f"unknown profile part {unknown[0]!r}; the parts are {', '.join(PROFILE_PARTS)}"
+        )
+
+
 def with_parts(
     profile: Mapping[str, Any], source: Mapping[str, Any], parts: Sequence[str]
 ) -> dict[str, Any]:
@@ -314,11 +323,7 @@ def with_parts(
     lacks left out: a prediction from the warm-up's profile given, say, the window's decode
     measurements alone says how much of its error those measurements carry. ValueError
     naming an unknown part."""
-    unknown = [name for name in parts if name not in PROFILE_PARTS]
-    if unknown:
-        raise ValueError(
-            f"unknown profile part {unknown[0]!r}; the parts are {', '.join(PROFILE_PARTS)}"
-        )
+    check_parts(parts)
     merged = {**profile, "host": dict(profile.get("host", {})), "spread": {}}
     spread = dict(profile.get("spread", {}))
     for part in (PROFILE_PARTS[name] for name in parts):

@@ -322,12 +322,13 @@ def test_a_short_window_live_and_in_the_twin(tmp_path) -> None:
 
 
 def test_pooled_warmups_predict_from_this_and_the_earlier_runs_warmups(tmp_path) -> None:
-    """`--pool-warmups`: the first run has no earlier one and predicts from its own warm-up;
-    the second from both warm-ups; `repredict --pool-warmups` predicts the kept runs alike."""
+    """`--pool-warmups` (the default): the first run has no earlier one and predicts from its
+    own warm-up, the second from both warm-ups; `repredict` predicts the kept runs alike, or
+    each from its own warm-up with `--own-warmup`."""
     out = tmp_path / "validate"
-    result = run(
+    result = run(  # pooled by default
         "--warmup-minutes", "0:0.15", "--minutes", "0.15:0.3", "--speed", "2", "--repeats", "2",
-        "--pool-warmups", "--twin-seeds", "1", "--tbt-slo", "0.5", "--out", str(out), "--json",
+        "--twin-seeds", "1", "--tbt-slo", "0.5", "--out", str(out), "--json",
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     pooled = json.loads(result.stdout)
@@ -344,16 +345,15 @@ def test_pooled_warmups_predict_from_this_and_the_earlier_runs_warmups(tmp_path)
     def twin_runs(metrics: dict) -> list:
         return [metrics[name]["twin_runs"] for name in ("ttft_p50_s", "num_rejected")]
 
-    assert twin_runs(repredict("--pool-warmups")) == twin_runs(pooled["configs"][0]["metrics"])
-    own = twin_runs(repredict())  # each run from its own warm-up alone
-    assert [runs[0] for runs in own] == [
-        runs[0] for runs in twin_runs(pooled["configs"][0]["metrics"])
-    ]
+    kept = twin_runs(pooled["configs"][0]["metrics"])
+    assert twin_runs(repredict()) == twin_runs(repredict("--pool-warmups")) == kept
+    own = twin_runs(repredict("--own-warmup"))  # each run from its own warm-up alone
+    assert [runs[0] for runs in own] == [runs[0] for runs in kept]
     both = subprocess.run(
         [KVCENTRIC, "twin", "repredict", str(out), "--pool-warmups", "--hindsight"],
         capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
     )  # fmt: skip
-    assert both.returncode == 2 and "not with hindsight" in both.stderr, both.stderr
+    assert both.returncode == 2 and "not with --hindsight" in both.stderr, both.stderr
 
 
 def test_repredict_names_a_folder_validate_did_not_write(tmp_path) -> None:
