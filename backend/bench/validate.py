@@ -96,7 +96,7 @@ class ValidateSettings:
     twin_seeds: int = 21  # under overload a median of 5 moved 10-23 % (docs/fidelity.md)
     # Each run predicted from its warm-up and those of its config's earlier runs
     # (`warmups_profile`): a short warm-up's measurements of the host move more from run
-    # to run than live does (at speed 10, three sets held 21, 21, 20 wave bounds so and
+    # to run than live does (machine A at speed 10: three sets held 21, 21, 20 wave bounds so,
     # 20, 21, 19 from each run's own warm-up; docs/fidelity.md).
     pool_warmups: bool = True
 
