@@ -253,7 +253,7 @@ def _stretched(
     samples: Mapping[str, list[dict[str, Any]]], start_s: float, factor: float
 ) -> dict[str, list[dict[str, Any]]]:
     """`samples` on a clock running `factor` times slower from `start_s`, the prefills' and
-    decode steps' wall and CPU times `factor` times longer."""
+    decode steps' wall and CPU times `factor` times longer (serving samples have neither)."""
 
     def at(sample: Mapping[str, Any]) -> dict[str, Any]:
         stretched = {**sample, "time_s": start_s + (sample["time_s"] - start_s) * factor}
@@ -262,12 +262,7 @@ def _stretched(
                 stretched[key] = stretched[key] * factor
         return stretched
 
-    return {
-        kind: [
-            at(s) if kind != "serving" else {**s, "time_s": at(s)["time_s"]} for s in kind_samples
-        ]
-        for kind, kind_samples in samples.items()
-    }
+    return {kind: [at(s) for s in kind_samples] for kind, kind_samples in samples.items()}
 
 
 def _first_time_s(samples: Mapping[str, Sequence[Mapping[str, Any]]]) -> float | None:
