@@ -84,7 +84,7 @@ class DecodeInstance:
         self._timer_target = 0.0  # the step count the pending timer lands on
         # Where the profile measured the loop's pauses between steps (on a shared host with
         # measured shares), they replace the serving path's per-token cost.
-        self._pauses = host is not None and timing.decode_pause_s(0) is not None
+        self._pauses = host is not None and timing.measures_decode_pauses
         self._in_pause = False  # between two steps: no progress, off the host's cores
         self._pause_s = 0.0  # the pause before the current step (part of its TBT gap)
         # One entry per stretch of constant batch: its step time and tokens produced.

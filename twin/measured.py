@@ -146,6 +146,10 @@ class MeasuredTiming:
         """Processor sharing's, as `decode_share`."""
         return None
 
+    @property
+    def measures_decode_pauses(self) -> bool:
+        return False
+
     def decode_pause_s(self, num_busy: int) -> float | None:
         """None: the serving path's `per_token_s`; a profile's spread draws a measured
         pause (twin/spread.py)."""

@@ -124,6 +124,10 @@ class RooflineTiming:
     def prefill_share(self, solo_s: float = 0.0) -> Callable[[int], float] | None:
         return None
 
+    @property
+    def measures_decode_pauses(self) -> bool:
+        return False
+
     def decode_pause_s(self, num_busy: int) -> float | None:
         return None
 

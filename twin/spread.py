@@ -155,6 +155,10 @@ class MeasuredSpread(WrappedTiming):
         quantile = self._random.random()
         return lambda num_busy: _rate_at(measured, num_busy, quantile)
 
+    @property
+    def measures_decode_pauses(self) -> bool:
+        return bool(self._decode_pauses)
+
     def decode_pause_s(self, num_busy: int) -> float | None:
         """The decode loop's pause before its next step while `num_busy` other agents
         compute, drawn from the pauses measured at the nearest count (at most the count,

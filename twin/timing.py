@@ -75,6 +75,11 @@ class TimingModel(Protocol):
         None: processor sharing's."""
         ...
 
+    @property
+    def measures_decode_pauses(self) -> bool:
+        """Whether `decode_pause_s` draws measured pauses (asked without drawing one)."""
+        ...
+
     def decode_pause_s(self, num_busy: int) -> float | None:
         """On a shared host, the decode loop's pause between two steps of a batch (handing
         out the tokens, taking in requests) while `num_busy` other agents compute, drawn

@@ -61,6 +61,10 @@ class WrappedTiming:
     def prefill_share(self, solo_s: float = 0.0) -> Callable[[int], float] | None:
         return self.base.prefill_share(solo_s)
 
+    @property
+    def measures_decode_pauses(self) -> bool:
+        return self.base.measures_decode_pauses
+
     def decode_pause_s(self, num_busy: int) -> float | None:
         return self.base.decode_pause_s(num_busy)
 

@@ -268,6 +268,7 @@ def test_without_measured_pauses_the_decode_stays_on_the_cores(tmp_path) -> None
     path.write_text(json.dumps(profile))
     timing = load_timing(str(path), seed=1)
     assert timing.decode_pause_s(0) is None
+    assert not timing.measures_decode_pauses
     env = simpy.Environment()
     host = SharedHost(env, HostCores(prefill=2.0, decode=2.0))
     changes: list[int] = []
@@ -287,6 +288,7 @@ def test_a_pause_is_drawn_at_the_nearest_count_measured_and_lengthened_beyond() 
     pauses = {"decode_pause_0": [0.001, 0.001], "decode_pause_2": [0.003, 0.003]}
     spreads = read_spread({"spread": pauses})
     timing = MeasuredSpread(load_timing("tiny-cpu"), spreads, seed=0)
+    assert timing.measures_decode_pauses  # asked without drawing a pause
     assert timing.decode_pause_s(0) == pytest.approx(0.001)
     assert timing.decode_pause_s(1) == pytest.approx(0.001)  # at most the count
     assert timing.decode_pause_s(2) == pytest.approx(0.003)
