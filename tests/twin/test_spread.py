@@ -284,6 +284,18 @@ def test_without_measured_pauses_the_decode_stays_on_the_cores(tmp_path) -> None
     assert changes == [1, 0]
 
 
+def test_asking_whether_pauses_were_measured_draws_nothing() -> None:
+    """A decode instance asks this when it is built: the answer must leave the twin's
+    random stream where it was, so the draws do not depend on how many instances exist."""
+    spreads = read_spread({"spread": {"decode_pause_0": [0.001, 0.002, 0.004, 0.008]}})
+    asked = MeasuredSpread(load_timing("tiny-cpu"), spreads, seed=3)
+    untouched = MeasuredSpread(load_timing("tiny-cpu"), spreads, seed=3)
+    assert asked.measures_decode_pauses
+    assert [asked.decode_pause_s(0) for _ in range(5)] == [
+        untouched.decode_pause_s(0) for _ in range(5)
+    ]
+
+
 def test_a_pause_is_drawn_at_the_nearest_count_measured_and_lengthened_beyond() -> None:
     pauses = {"decode_pause_0": [0.001, 0.001], "decode_pause_2": [0.003, 0.003]}
     spreads = read_spread({"spread": pauses})
