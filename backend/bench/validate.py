@@ -68,6 +68,8 @@ class Bounds:
     rejected_share_of_requests: float = 0.01
 
 
+# Whose warm-ups a run's prediction pools (`earlier_runs`); the first is validate's.
+POOL_ACROSS = ("split", "config")
 WAVE_BOUNDS = Bounds("wave", ttft_rel=0.20, tbt_rel=0.15, min_tau=0.6)  # this wave's
 GOAL_BOUNDS = Bounds("goal", ttft_rel=0.10, tbt_rel=0.05, min_tau=0.8)  # the goal (BLIS-like)
 
@@ -94,17 +96,23 @@ class ValidateSettings:
     # (twin/spread.py): one seed's TTFT p50 moves by about 5 % from the next, so the
     # prediction is each metric's median over the seeds.
     twin_seeds: int = 21  # under overload a median of 5 moved 10-23 % (docs/fidelity.md)
-    # Each run predicted from its warm-up and those of its config's earlier runs
-    # (`warmups_profile`): a short warm-up's measurements of the host move more from run
-    # to run than live does (machine A at speed 10: three sets held 21, 21, 20 wave bounds so,
-    # 20, 21, 19 from each run's own warm-up; docs/fidelity.md).
+    # Each run predicted from its warm-up and those of the earlier runs (`warmups_profile`):
+    # a short warm-up's measurements of the host move more from run to run than live does
+    # (machine A at speed 10: three sets held 21, 21, 20 wave bounds so, 20, 21, 19 from each
+    # run's own warm-up; docs/fidelity.md).
     pool_warmups: bool = True
+    # Whose warm-ups a run pools (`POOL_ACROSS`): every earlier run of its prefill:decode
+    # split, whatever its policy ("split"), or its configuration's alone ("config", what
+    # validate did before 2026-12-07 and what repredict reads a set kept then as).
+    pool_across: str = POOL_ACROSS[0]
 
     def __post_init__(self) -> None:
         if self.repeats < 1:
             raise ValueError(f"--repeats must be at least 1, got {self.repeats}")
         if self.twin_seeds < 1:
             raise ValueError(f"--twin-seeds must be at least 1, got {self.twin_seeds}")
+        if self.pool_across not in POOL_ACROSS:
+            raise ValueError(f"pool_across must be one of {', '.join(POOL_ACROSS)}")
 
 
 def parse_changes(text: str) -> list[dict[str, Any]]:
@@ -673,7 +681,7 @@ def validate(
             work_dir = Path(folder) / f"config-{index}" / f"run-{run}"
             live = run_live(settings, change, work_dir, status)
             status("predicting the window with the twin")
-            earlier = [e["live"] for e in raw if e["index"] == index]
+            earlier = earlier_runs(raw, index, run, live["split"], settings.pool_across)
             twin = predict(
                 live,
                 settings.block_size,
@@ -743,10 +751,12 @@ def repredict(
     (`profile_inputs`) with this code, instead of reading the profile live built: what a
     change to how profiles are built does (`settings.rebuilt_profile`).
 
-    `pool_warmups`: each run's profile built from its warm-up and those of its
-    configuration's earlier runs (`warmups_profile`), as validate predicts by default;
+    `pool_warmups`: each run's profile built from its warm-up and those of the earlier
+    runs of its split (`warmups_profile`, `earlier_runs`), as validate predicts by default;
     False: from its own warm-up alone; None: as the kept validate did (its own warm-up
-    for sets kept before warm-ups were pooled) (`settings.pool_warmups`)."""
+    for sets kept before warm-ups were pooled, its configuration's earlier runs' for sets
+    kept before they were pooled across the split) (`settings.pool_warmups`,
+    `settings.pool_across`)."""
     if seeds < 1:
         raise ValueError(f"--twin-seeds must be at least 1, got {seeds}")
     if hindsight and as_whatif:
@@ -764,11 +774,16 @@ def repredict(
         )
     settings_json, runs = _kept_runs(kept)
     block_size = int(settings_json["block_size"])
+    pool_warmups_given = pool_warmups
     if pool_warmups is None:
         pool_warmups = reading == "prediction" and bool(settings_json.get("pool_warmups"))
     if pool_warmups and (hindsight or as_whatif):
         flag = "--hindsight" if hindsight else "--whatif"
         raise ValueError(f"--pool-warmups pools warm-ups for a prediction: not with {flag}")
+    # As the kept validate pooled (sets kept before "pool_across" was, by configuration), or
+    # as validate pools now when --pool-warmups says so.
+    kept_across = str(settings_json.get("pool_across", "config"))
+    pool_across = kept_across if pool_warmups_given is None else POOL_ACROSS[0]
     by_index: dict[int, list[Mapping[str, Any]]] = {}
     for number, entry in enumerate(runs):
         if on_status is not None:
@@ -780,7 +795,8 @@ def repredict(
             if reading != "prediction" or hindsight_of:
                 keys.append("calibration_after")
             live = {**live, **{key: _rebuilt(live[key], entry) for key in keys}}
-        pooled = warmups_profile(live, _earlier(runs, entry)) if pool_warmups else None
+        earlier = earlier_runs(runs, entry["index"], entry["run"], live["split"], pool_across)
+        pooled = warmups_profile(live, earlier) if pool_warmups else None
         with tempfile.TemporaryDirectory(prefix="kvc-repredict-") as folder:
             entry["twin"] = predict(
                 live,
@@ -811,6 +827,7 @@ def repredict(
         "as_whatif": as_whatif,
         "rebuilt_profile": rebuild_profile,
         "pool_warmups": pool_warmups,
+        "pool_across": pool_across,
     }
     result = _result(settings_json, configs)
     if out is not None:
@@ -818,19 +835,39 @@ def repredict(
     return result
 
 
-def _earlier(runs: Sequence[Mapping[str, Any]], entry: Mapping[str, Any]) -> list[Any]:
-    """The live runs of `entry`'s configuration that ran before it (kept runs: `_kept_runs`)."""
-    return [e["live"] for e in runs if e["index"] == entry["index"] and e["run"] < entry["run"]]
+def earlier_runs(
+    runs: Sequence[Mapping[str, Any]],
+    index: int,
+    run: int,
+    split: Sequence[int],
+    across: str,
+) -> list[Any]:
+    """The live runs among `runs` (validate's or kept entries) that ran before run `run` of
+    config `index` (`run_order`: round by round) and whose warm-ups it pools: across
+    "split", every one with its prefill:decode `split`, whatever its policy (the agents'
+    steps and how they share the host do not depend on the policy, and a live Conductor
+    keeps its calibration across a `PUT /v1/config`); across "config", its configuration's
+    alone."""
+    if across not in POOL_ACROSS:
+        raise ValueError(f"pool across {across!r}: one of {', '.join(POOL_ACROSS)}")
+    return [
+        e["live"]
+        for e in runs
+        if (e["run"], e["index"]) < (run, index)
+        and (
+            tuple(e["live"]["split"]) == tuple(split) if across == "split" else e["index"] == index
+        )
+    ]
 
 
 def warmups_profile(
     live: Mapping[str, Any], earlier: Sequence[Mapping[str, Any]]
 ) -> dict[str, Any] | None:
     """The profile of a live run's warm-up (as `run_live` returns the run) pooled with the
-    warm-ups of the `earlier` runs of its configuration (`live_profile.pooled_inputs`): all
-    a Conductor of that configuration could have measured by the end of this warm-up had
-    it kept its calibration across the runs, less their windows (the same stretch of the
-    trace as the one predicted). It keeps its own Conductor's beliefs and rest of the host.
+    warm-ups of the `earlier` runs (`earlier_runs`, `live_profile.pooled_inputs`): all a
+    Conductor of that split could have measured by the end of this warm-up had it kept its
+    calibration across the runs, less their windows (the same stretch of the trace as the
+    one predicted). It keeps its own Conductor's beliefs and rest of the host.
     None without an earlier run, or for runs kept before their calibration's inputs were."""
     from backend.observe.live_profile import pooled_inputs, profile_of_inputs
 

@@ -393,12 +393,13 @@ def validate_command(
     pool_warmups: bool = typer.Option(
         True,
         "--pool-warmups/--own-warmup",
-        help="With --repeats N > 1, predict each run from its own warm-up and those of its "
-        "config's earlier runs, as a Conductor keeping its calibration across the runs "
-        "would have measured them, less their windows, the earlier runs' times stretched to "
-        "this run's host speed (each run keeps its own Conductor's beliefs and rest of the "
-        "host): a short warm-up measures how the agents share the host from a few hundred "
-        "steps. --own-warmup: each run from its own warm-up alone.",
+        help="Predict each run from its own warm-up and those of every earlier run of its "
+        "prefill:decode split, whatever its policy, as a Conductor keeping its calibration "
+        "across the runs and policy changes would have measured them, less their windows, "
+        "the earlier runs' times stretched to this run's host speed (each run keeps its own "
+        "Conductor's beliefs and rest of the host): a short warm-up measures how the agents "
+        "share the host from a few hundred steps. --own-warmup: each run from its own "
+        "warm-up alone.",
     ),
     out: Path | None = typer.Option(
         None, "--out", help="Folder for result.json, the raw reports and validate.html."
@@ -572,9 +573,10 @@ def repredict_command(
         None,
         "--pool-warmups/--own-warmup",
         show_default=False,
-        help="Build each run's profile from its warm-up and those of its configuration's "
-        "earlier kept runs, as validate does by default (still a prediction: no window is "
-        "read), or from its own warm-up alone. Default: as the kept validate did.",
+        help="Build each run's profile from its warm-up and those of the earlier kept runs "
+        "of its split, as validate does by default (still a prediction: no window is read), "
+        "or from its own warm-up alone. Default: as the kept validate did (sets kept before "
+        "2026-12-07 pooled their configuration's runs alone).",
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the result as one JSON object."),
 ) -> None:

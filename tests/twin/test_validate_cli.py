@@ -17,6 +17,7 @@ from backend.bench.validate import (
     check_bounds,
     compare_runs,
     config_entry,
+    earlier_runs,
     live_noise_chance,
     median_report,
     run_order,
@@ -321,6 +322,26 @@ def test_a_short_window_live_and_in_the_twin(tmp_path) -> None:
     assert all(b["cost"]["prefill"] for b in kept["profile_inputs"]["window"]["beliefs"])
 
 
+def test_a_run_pools_the_warmups_that_ran_before_it_on_its_split() -> None:
+    """Round by round (`run_order`): run 1 of the second config pools every earlier run of
+    the 2P:1D split, whatever its policy, and none of 1P:2D's; by configuration, its own."""
+    splits = [[2, 1], [2, 1], [1, 2]]
+    runs = [
+        {"index": i, "run": r, "live": {"split": split, "name": f"{i}/{r}"}}
+        for i, r in run_order(len(splits), 2)
+        for split in [splits[i]]
+    ]
+
+    def names(across: str) -> list[str]:
+        return [live["name"] for live in earlier_runs(runs, 1, 1, (2, 1), across)]
+
+    assert names("split") == ["0/0", "1/0", "0/1"]
+    assert names("config") == ["1/0"]
+    assert earlier_runs(runs, 0, 0, (2, 1), "split") == []  # the very first run: its own
+    with pytest.raises(ValueError, match="one of split, config"):
+        earlier_runs(runs, 1, 1, (2, 1), "policy")
+
+
 def test_pooled_warmups_predict_from_this_and_the_earlier_runs_warmups(tmp_path) -> None:
     """`--pool-warmups` (the default): the first run has no earlier one and predicts from its
     own warm-up, the second from both warm-ups; `repredict` predicts the kept runs alike, or
@@ -333,6 +354,7 @@ def test_pooled_warmups_predict_from_this_and_the_earlier_runs_warmups(tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     pooled = json.loads(result.stdout)
     assert pooled["settings"]["pool_warmups"] is True
+    assert pooled["settings"]["pool_across"] == "split"  # every earlier run of its split
 
     def repredict(*flags: str) -> dict:
         again = subprocess.run(
