@@ -218,17 +218,33 @@ def test_a_window_without_requests_is_a_clear_message(tmp_path) -> None:
     assert "holds no request" in result.stderr, result.stderr
 
 
-@pytest.mark.slow
-def test_a_short_window_live_and_in_the_twin(tmp_path) -> None:
-    """Small and untimed: the figures of docs/fidelity.md come from longer windows."""
-    out = tmp_path / "validate"
+@pytest.fixture(scope="module")
+def short_set(tmp_path_factory) -> tuple[Path, dict, str]:
+    """One short validate of two 2P:1D configurations, read by the tests below: its folder,
+    its JSON and its stderr. Both configurations share a split, so the second run's
+    prediction pools the first run's warm-up with its own (validate's default)."""
+    out = tmp_path_factory.mktemp("short") / "validate"
     result = run(
         "--warmup-minutes", "0:0.15", "--minutes", "0.15:0.3", "--speed", "2",
         "--changes", '[{}, {"kvcache_balancing_threshold": "inf"}]', "--tbt-slo", "0.5",
-        "--out", str(out), "--json",
+        "--twin-seeds", "1", "--out", str(out), "--json",
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads(result.stdout)
+    return out, json.loads(result.stdout), result.stderr
+
+
+def repredict(out: Path, *flags: str, timeout_s: float = 300) -> subprocess.CompletedProcess:
+    """`kvcentric twin repredict OUT --twin-seeds 1 FLAGS...`: the kept runs predicted again."""
+    return subprocess.run(
+        [KVCENTRIC, "twin", "repredict", str(out), "--twin-seeds", "1", *flags],
+        capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+def test_a_short_window_live_and_in_the_twin(short_set, tmp_path) -> None:
+    """Small and untimed: the figures of docs/fidelity.md come from longer windows."""
+    out, report, stderr = short_set
     assert [c["change"] for c in report["configs"]] == [{}, {"kvcache_balancing_threshold": "inf"}]
     for config in report["configs"]:
         metrics = config["metrics"]
@@ -253,12 +269,8 @@ def test_a_short_window_live_and_in_the_twin(tmp_path) -> None:
         # --tbt-slo judged both sides: the live Conductor's SLO and the twin's.
         assert json.loads((folder / "live-report.json").read_text())["tbt_slo_s"] == 0.5
         assert json.loads((folder / "twin-report.json").read_text())["config"]["tbt_slo_s"] == 0.5
-    assert "config 2/2" in result.stderr  # progress on stderr
-    again = subprocess.run(  # the kept live runs predicted again, no live run
-        [KVCENTRIC, "twin", "repredict", str(out), "--twin-seeds", "1",
-         "--out", str(tmp_path / "again"), "--json"],
-        capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
+    assert "config 2/2" in stderr  # progress on stderr
+    again = repredict(out, "--out", str(tmp_path / "again"), "--json")  # no live run
     assert again.returncode == 0, again.stderr[-3000:]
     repredicted = json.loads(again.stdout)
     assert repredicted["settings"]["repredicted_from"] == str(out)
@@ -271,10 +283,7 @@ def test_a_short_window_live_and_in_the_twin(tmp_path) -> None:
     assert json.loads((tmp_path / "again" / "result.json").read_text()) == repredicted
     assert "run 2/2" in again.stderr
     assert repredicted["settings"]["hindsight"] is False
-    hindsight = subprocess.run(  # the same runs on the calibration as of the window's end
-        [KVCENTRIC, "twin", "repredict", str(out), "--twin-seeds", "1", "--hindsight", "--json"],
-        capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
+    hindsight = repredict(out, "--hindsight", "--json")  # the calibration at the window's end
     assert hindsight.returncode == 0, hindsight.stderr[-3000:]
     seen = json.loads(hindsight.stdout)
     assert seen["settings"]["hindsight"] is True
@@ -283,34 +292,17 @@ def test_a_short_window_live_and_in_the_twin(tmp_path) -> None:
             after["metrics"]["num_completed"]["live"] == before["metrics"]["num_completed"]["live"]
         )
         assert after["metrics"]["ttft_p50_s"]["twin"] > 0
-    whatif = subprocess.run(  # as the What-if predicts a recorded window
-        [KVCENTRIC, "twin", "repredict", str(out), "--twin-seeds", "1", "--whatif", "--json"],
-        capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
+    whatif = repredict(out, "--whatif", "--json")  # as the What-if predicts a recorded window
     assert whatif.returncode == 0, whatif.stderr[-3000:]
     assert json.loads(whatif.stdout)["settings"]["as_whatif"] is True
-    decode_seen = subprocess.run(  # the window's decode measurements alone, with hindsight
-        [KVCENTRIC, "twin", "repredict", str(out), "--twin-seeds", "1", "--hindsight-of",
-         "decode", "--json"],
-        capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
+    decode_seen = repredict(out, "--hindsight-of", "decode", "--json")  # the window's decode
     assert decode_seen.returncode == 0, decode_seen.stderr[-3000:]
     assert json.loads(decode_seen.stdout)["settings"]["hindsight_of"] == ["decode"]
-    unknown = subprocess.run(
-        [KVCENTRIC, "twin", "repredict", str(out), "--hindsight-of", "decode,decoder"],
-        capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
+    unknown = repredict(out, "--hindsight-of", "decode,decoder")
     assert unknown.returncode == 2 and "unknown profile part 'decoder'" in unknown.stderr
-    both = subprocess.run(
-        [KVCENTRIC, "twin", "repredict", str(out), "--whatif", "--hindsight"],
-        capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
+    both = repredict(out, "--whatif", "--hindsight")
     assert both.returncode == 2 and "--hindsight and --whatif" in both.stderr, both.stderr
-    rebuilt = subprocess.run(  # the profiles built again from the kept measurements
-        [KVCENTRIC, "twin", "repredict", str(out), "--twin-seeds", "1", "--rebuild-profile",
-         "--json"],
-        capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
+    rebuilt = repredict(out, "--rebuild-profile", "--json")  # from the kept measurements
     assert rebuilt.returncode == 0, rebuilt.stderr[-3000:]
     assert json.loads(rebuilt.stdout)["settings"]["rebuilt_profile"] is True
     kept = json.loads((out / "config-0" / "live-run.json").read_text())["calibration"]
@@ -342,40 +334,34 @@ def test_a_run_pools_the_warmups_that_ran_before_it_on_its_split() -> None:
         earlier_runs(runs, 1, 1, (2, 1), "policy")
 
 
-def test_pooled_warmups_predict_from_this_and_the_earlier_runs_warmups(tmp_path) -> None:
-    """`--pool-warmups` (the default): the first run has no earlier one and predicts from its
+@pytest.mark.slow
+def test_pooled_warmups_predict_from_this_and_the_earlier_runs_warmups(short_set) -> None:
+    """Pooled by split (the default): the first run has no earlier one and predicts from its
     own warm-up, the second from both warm-ups; `repredict` predicts the kept runs alike, or
     each from its own warm-up with `--own-warmup`."""
-    out = tmp_path / "validate"
-    result = run(  # pooled by default
-        "--warmup-minutes", "0:0.15", "--minutes", "0.15:0.3", "--speed", "2", "--repeats", "2",
-        "--twin-seeds", "1", "--tbt-slo", "0.5", "--out", str(out), "--json",
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
-    pooled = json.loads(result.stdout)
-    assert pooled["settings"]["pool_warmups"] is True
-    assert pooled["settings"]["pool_across"] == "split"  # every earlier run of its split
+    out, report, _ = short_set
+    assert report["settings"]["pool_warmups"] is True
+    assert report["settings"]["pool_across"] == "split"  # every earlier run of its split
 
-    def repredict(*flags: str) -> dict:
-        again = subprocess.run(
-            [KVCENTRIC, "twin", "repredict", str(out), "--twin-seeds", "1", *flags, "--json"],
-            capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
-        )  # fmt: skip
+    def twins(*flags: str) -> list[list]:
+        again = repredict(out, *flags, "--json")
         assert again.returncode == 0, again.stderr[-3000:]
-        return json.loads(again.stdout)["configs"][0]["metrics"]
+        return _twin_figures(json.loads(again.stdout))
 
-    def twin_runs(metrics: dict) -> list:
-        return [metrics[name]["twin_runs"] for name in ("ttft_p50_s", "num_rejected")]
-
-    kept = twin_runs(pooled["configs"][0]["metrics"])
-    assert twin_runs(repredict()) == twin_runs(repredict("--pool-warmups")) == kept
-    own = twin_runs(repredict("--own-warmup"))  # each run from its own warm-up alone
-    assert [runs[0] for runs in own] == [runs[0] for runs in kept]
-    both = subprocess.run(
-        [KVCENTRIC, "twin", "repredict", str(out), "--pool-warmups", "--hindsight"],
-        capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
+    kept = _twin_figures(report)
+    assert twins() == twins("--pool-warmups") == kept
+    own = twins("--own-warmup")  # each run from its own warm-up alone
+    assert own[0] == kept[0]  # the first run pooled nothing but its own
+    both = repredict(out, "--pool-warmups", "--hindsight")
     assert both.returncode == 2 and "not with --hindsight" in both.stderr, both.stderr
+
+
+def _twin_figures(result: dict) -> list[list]:
+    """Each configuration's twin TTFT p50 and refusals: what a prediction's warm-ups move."""
+    return [
+        [config["metrics"][name]["twin"] for name in ("ttft_p50_s", "num_rejected")]
+        for config in result["configs"]
+    ]
 
 
 def test_repredict_names_a_folder_validate_did_not_write(tmp_path) -> None:
