@@ -352,6 +352,7 @@ def test_pooled_warmups_predict_from_this_and_the_earlier_runs_warmups(short_set
     assert twins() == twins("--pool-warmups") == kept
     own = twins("--own-warmup")  # each run from its own warm-up alone
     assert own[0] == kept[0]  # the first run pooled nothing but its own
+    assert own[1] != kept[1]  # the second pooled the first's warm-up with its own
     both = repredict(out, "--pool-warmups", "--hindsight")
     assert both.returncode == 2 and "not with --hindsight" in both.stderr, both.stderr
 
